@@ -1,0 +1,97 @@
+"""python -m benchmarks: halide_ad's forward and backward passes side by side with PyTorch and JAX.
+
+Prints a markdown table, writes JSON (--json), and exits with status 1 when a library raised or
+halide_ad's values differ from a peer's. `--small` runs tiny shapes: a smoke test of the runner
+and of halide_ad's correctness on every case, not a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks import peers
+from benchmarks.bounds import measure_machine
+from benchmarks.cases import CASES, select
+from benchmarks.report import PEER_TITLES, to_json, to_markdown
+from benchmarks.runner import PEERS, CaseResult, available_peers, run_case
+from benchmarks.torch_thp import measure_in_subprocess
+
+DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", help="comma-separated subset of: "
+                        + ", ".join(case.name for case in CASES) + " (default: all)")
+    parser.add_argument("--repeat", type=int, default=7, help="timed runs per median (default 7)")
+    parser.add_argument("--small", action="store_true", help="tiny shapes, for a smoke run")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON,
+                        help=f"where to write the results (default {DEFAULT_JSON})")
+    parser.add_argument("--markdown", type=Path, help="also write the markdown table here")
+    return parser.parse_args(argv)
+
+
+def add_thp_timings(results: Sequence[CaseResult], *, repeat: int, small: bool) -> str | None:
+    """Measure torch again with THP_MEM_ALLOC_ENABLE=1 in a subprocess and keep, per case, the
+    faster backward. Returns a note for the report when the subprocess failed."""
+    try:
+        thp = measure_in_subprocess([r.name for r in results], repeat=repeat, small=small)
+    except subprocess.CalledProcessError as error:
+        return (f"The THP_MEM_ALLOC_ENABLE=1 torch run failed ({error}); PyTorch ran with the "
+                "default allocator only.")
+    for result in results:
+        value = thp[result.name]
+        if isinstance(value, str):
+            result.errors["torch (THP)"] = value
+        else:
+            result.add_torch_variant(value)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cases = select(args.cases.split(",") if args.cases else None)
+    peer_names = available_peers()
+    notes = [f"{PEER_TITLES[p]} is not installed: its columns are skipped."
+             for p in PEERS if p not in peer_names]
+
+    results = [run_case(case, small=args.small, repeat=args.repeat, peer_names=peer_names)
+               for case in cases]
+    if "torch" in peer_names:
+        failure = add_thp_timings(results, repeat=args.repeat, small=args.small)
+        notes.append(failure or "PyTorch: the faster of its default allocator and "
+                     "THP_MEM_ALLOC_ENABLE=1 (marked THP, run in a subprocess); forward under "
+                     "no_grad.")
+    torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None
+    bounds = measure_machine(args.repeat, small=args.small, torch_module=torch_module)
+    notes += [
+        "halide_ad: `vjp_fn(ct)` after `out, vjp_fn = hd.vjp(f, *inputs)`, allocating fresh "
+        "gradients on every call (the public API offers no output-buffer reuse); first calls "
+        "include tracing and numba compilation, and the first case's also numba's thread start-up.",
+        "JAX: `jax.jit` of the vjp function applied to residuals from a jitted `jax.vjp`; XLA "
+        "sizes its own thread pool.",
+    ]
+    if args.small:
+        notes.append("--small: tiny shapes and small bound problems; the times mean nothing.")
+
+    threads = peers.thread_count()
+    markdown = to_markdown(results, bounds, repeat=args.repeat, threads=threads,
+                           peer_names=peer_names, notes=notes)
+    print(markdown)
+    settings = {"cases": [c.name for c in cases], "repeat": args.repeat, "small": args.small,
+                "threads": threads, "peers": peer_names}
+    args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes),
+                                    indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown)
+    failed = any(r.errors or not r.verified for r in results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

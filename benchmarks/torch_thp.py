@@ -1,0 +1,72 @@
+"""torch with its huge-page allocator, measured in a subprocess.
+
+torch reads THP_MEM_ALLOC_ENABLE when it is imported, so the main process (default allocator)
+starts `python -m benchmarks.torch_thp` with the variable set, on the same cases, shapes, inputs
+and repeat count, and the report keeps the faster of the two per case.
+
+    THP_MEM_ALLOC_ENABLE=1 python -m benchmarks.torch_thp --cases blur,dense --json out.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from benchmarks import peers
+from benchmarks.cases import select
+from benchmarks.timing import Timings
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def measure_in_subprocess(
+    case_names: Sequence[str], *, repeat: int, small: bool
+) -> dict[str, Timings | str]:
+    """Each case's torch timings with THP_MEM_ALLOC_ENABLE=1, or the error it raised."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "torch_thp.json"
+        command = [sys.executable, "-m", "benchmarks.torch_thp", "--cases", ",".join(case_names),
+                   "--repeat", str(repeat), "--json", str(out)]
+        if small:
+            command.append("--small")
+        env = dict(os.environ, **{peers.THP_ENV: "1"})
+        subprocess.run(command, env=env, cwd=REPO_ROOT, check=True)
+        raw = json.loads(out.read_text())
+    return {name: value if isinstance(value, str) else Timings.from_dict(value)
+            for name, value in raw.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.torch_thp", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", required=True, help="comma-separated case names")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--json", required=True, type=Path, help="where to write the timings")
+    args = parser.parse_args(argv)
+
+    results: dict[str, dict | str] = {}
+    for case in select(args.cases.split(",")):
+        inputs = case.make_inputs(small=args.small)
+        ct = case.cotangent(small=args.small)
+        try:
+            timings = peers.measure_torch(case.torch, inputs, ct, args.repeat, thp=True).timings
+        except Exception as error:  # noqa: BLE001 - reported by the parent, per case
+            traceback.print_exc()
+            results[case.name] = f"{type(error).__name__}: {error}"
+        else:
+            results[case.name] = asdict(timings)
+            print(f"[{case.name}] torch (THP): backward {timings.backward.median_ms:.3g} ms",
+                  file=sys.stderr)
+    args.json.write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Reverse mode: each Func's body is differentiated into scatter contributions
+
+    adj_B[index] += adj_F[i] * dF/dB        (one Scatter per read of B in F's body)
+
+never into a Jacobian. The solver then turns each Scatter into a gather where it can.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from halide_ad.errors import InternalError, NotDifferentiableError
+from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
+                          Select, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
+from halide_ad.traverse import conjunction, simplify, substitute, walk
+
+
+@dataclass(frozen=True)
+class Adjoint:
+    """adj_<buffer> = (cotangent if seeded) + the sum of `scatters`."""
+    buffer: str
+    shape: tuple[int, ...]
+    dtype: str
+    seeded: bool
+    scatters: tuple[Scatter, ...]
+
+
+def _c(value: float, like: Expr) -> Const:
+    dtype = dtype_of(like)
+    return const(value, dtype if is_float(dtype) else "float64")
+
+
+def _mul(a: Expr, b: Expr) -> Expr:
+    return Bin(Op.MUL, a, b)
+
+
+def _neg(a: Expr) -> Expr:
+    return Call("neg", (a,))
+
+
+# out = lhs <op> rhs receives adjoint g; each entry returns (adjoint of lhs, adjoint of rhs).
+BIN_RULES: dict[Op, Callable[[Bin, Expr], tuple[Expr | None, Expr | None]]] = {
+    Op.ADD: lambda n, g: (g, g),                                            # d(a+b)/da = 1
+    Op.SUB: lambda n, g: (g, _neg(g)),                                      # d(a-b)/db = -1
+    Op.MUL: lambda n, g: (_mul(g, n.rhs), _mul(g, n.lhs)),                  # d(ab)/da = b
+    Op.DIV: lambda n, g: (Bin(Op.DIV, g, n.rhs),                            # d(a/b)/db = -a/b^2
+                          _neg(Bin(Op.DIV, _mul(g, n), n.rhs))),
+    Op.POW: lambda n, g: (_mul(g, _mul(n.rhs, Bin(Op.POW, n.lhs, Bin(Op.SUB, n.rhs, _c(1, n.rhs))))),
+                          _mul(g, _mul(n, Call("log", (n.lhs,))))),         # d(a^b)/db = a^b log a
+    Op.MAX: lambda n, g: _tie_split(Op.GT, n, g),                           # ties split evenly
+    Op.MIN: lambda n, g: _tie_split(Op.LT, n, g),
+    Op.MOD: lambda n, g: (g, _neg(_mul(g, Call("floor", (Bin(Op.DIV, n.lhs, n.rhs),))))),
+    Op.FLOORDIV: lambda n, g: (None, None),                                 # piecewise constant
+}
+
+
+def _tie_split(wins: Op, n: Bin, g: Expr) -> tuple[Expr, Expr]:
+    a, b = n.lhs, n.rhs
+    half = _mul(g, _c(0.5, g))
+    zero = _c(0, g)
+    return (Select(Bin(wins, a, b), g, Select(Bin(Op.EQ, a, b), half, zero)),
+            Select(Bin(wins, b, a), g, Select(Bin(Op.EQ, a, b), half, zero)))
+
+
+# out = fn(args) receives adjoint g; each entry returns one adjoint per argument.
+CALL_RULES: dict[str, Callable[[Call, Expr], tuple[Expr | None, ...]]] = {
+    "neg": lambda n, g: (_neg(g),),
+    "exp": lambda n, g: (_mul(g, n),),                                         # d exp(a) = exp(a)
+    "log": lambda n, g: (Bin(Op.DIV, g, n.args[0]),),                          # d log(a) = 1/a
+    "log1p": lambda n, g: (Bin(Op.DIV, g, Bin(Op.ADD, _c(1, n), n.args[0])),),
+    "sqrt": lambda n, g: (Bin(Op.DIV, g, _mul(_c(2, n), n)),),                # 1 / (2 sqrt(a))
+    "rsqrt": lambda n, g: (_mul(_neg(_mul(g, _c(0.5, n))), Bin(Op.DIV, n, n.args[0])),),  # -a^-1.5/2
+    "sin": lambda n, g: (_mul(g, Call("cos", n.args)),),
+    "cos": lambda n, g: (_neg(_mul(g, Call("sin", n.args))),),
+    "tan": lambda n, g: (_mul(g, Bin(Op.ADD, _c(1, n), _mul(n, n))),),         # 1 + tan^2
+    "tanh": lambda n, g: (_mul(g, Bin(Op.SUB, _c(1, n), _mul(n, n))),),        # 1 - tanh^2
+    "erf": lambda n, g: (_mul(g, _mul(_c(1.1283791670955126, n),               # 2/sqrt(pi) e^-a^2
+                                      Call("exp", (_neg(_mul(n.args[0], n.args[0])),)))),),
+    "abs": lambda n, g: (_mul(g, Call("sign", n.args)),),                      # 0 at 0
+    "atan2": lambda n, g: _atan2(n, g),
+    "sign": lambda n, g: (None,),
+    "floor": lambda n, g: (None,),
+    "ceil": lambda n, g: (None,),
+    "round": lambda n, g: (None,),
+    "not": lambda n, g: (None,),
+}
+
+
+def _atan2(n: Call, g: Expr) -> tuple[Expr, Expr]:
+    y, x = n.args                                     # d atan2(y, x) = (x dy - y dx) / (x^2 + y^2)
+    r2 = Bin(Op.ADD, _mul(x, x), _mul(y, y))
+    return Bin(Op.DIV, _mul(g, x), r2), _neg(Bin(Op.DIV, _mul(g, y), r2))
+
+
+def flat_index(rvars: tuple[Range, ...]) -> Expr:
+    """The position of a point in reduction order (row-major, first variable outermost)."""
+    out: Expr = const(0)
+    for r in rvars:
+        out = Bin(Op.ADD, Bin(Op.MUL, out, const(r.extent)), Bin(Op.SUB, r.var, const(r.lo)))
+    return simplify(out)
+
+
+def differentiable_buffers(program: Program, wrt: tuple[str, ...]) -> set[str]:
+    """Buffers on a path from `wrt` to an output: the ones that need adjoints."""
+    reach = set(wrt)
+    for f in program.funcs:
+        if is_float(f.dtype) and any(load.buffer in reach for load in _loads(f)):
+            reach.add(f.name)
+    live = {o for o in program.outputs if o in reach}
+    for f in reversed(program.funcs):
+        if f.name in live:
+            live.update(load.buffer for load in _loads(f) if load.buffer in reach)
+    return live | set(wrt)
+
+
+def _loads(f: Func) -> list[Load]:
+    return [n for n in walk(f.body) if isinstance(n, Load)]
+
+
+def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
+    """The adjoint of every buffer that needs one, outputs first (reverse topological order)."""
+    needs = differentiable_buffers(program, wrt)
+    contributions: dict[str, list[Scatter]] = {b: [] for b in needs}
+    for f in reversed(program.funcs):
+        if f.name in needs:
+            for s in _func_scatters(f, needs):
+                contributions[s.buffer].append(s)
+    order = [f.name for f in reversed(program.funcs) if f.name in needs] + [
+        b.name for b in program.inputs if b.name in needs]
+    return [Adjoint(name, program.buffer(name).shape, program.buffer(name).dtype,
+                    name in program.outputs, _merge(contributions[name])) for name in order]
+
+
+def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:
+    g: Expr = Load(adjoint_name(f.name), f.vars, f.dtype)
+    domain, conds, body = f.domain, [], f.body
+    if isinstance(body, Reduce):
+        domain = domain + body.rvars
+        conds = [body.where] if body.where is not None else []
+        match body.op:
+            case "sum":
+                pass
+            case "max" | "min":  # only the first extremal element receives the gradient
+                conds.append(Bin(Op.EQ, flat_index(body.rvars), Load(argindex_name(f.name), f.vars, "int64")))
+            case "prod":  # the product of the other elements: no division, so zeros are fine
+                g = _mul(g, _exclusive_product(body))
+            case _:
+                return []
+        body = body.body
+    out: list[Scatter] = []
+    self_value = {f.body: Load(f.name, f.vars, f.dtype)} if not isinstance(f.body, Reduce) else {}
+
+    def emit(load: Load, value: Expr, path: tuple[Expr, ...]) -> None:
+        value = simplify(substitute(value, self_value) if self_value else value)
+        if isinstance(value, Const) and value.value == 0:
+            return
+        out.append(Scatter(load.buffer, load.index, value, domain, conjunction(conds + list(path)),
+                           load.loc))
+
+    _backprop(body, g, (), emit, needs, f)
+    return out
+
+
+def _exclusive_product(r: Reduce) -> Expr:
+    renamed = {x.var: Var(x.var.name + "_other") for x in r.rvars}
+    other = tuple(Range(renamed[x.var], x.lo, x.hi) for x in r.rvars)
+    same = Bin(Op.EQ, flat_index(other), flat_index(r.rvars))
+    body = substitute(r.body, renamed)
+    where = substitute(r.where, renamed) if r.where is not None else None
+    return Reduce("prod", Select(same, _c(1, body), body), other, where)
+
+
+def _backprop(e: Expr, g: Expr, path: tuple[Expr, ...], emit, needs: set[str], f: Func) -> None:
+    if not any(isinstance(n, Load) and n.buffer in needs for n in walk(e)):
+        return
+    match e:
+        case Load(buffer, _, dtype):
+            if buffer in needs and is_float(dtype):
+                emit(e, g, path)
+        case Bin(op, lhs, rhs):
+            if op not in BIN_RULES:
+                return  # comparisons and logic have no derivative
+            if not is_float(dtype_of(e)):
+                return
+            for child, adj in zip((lhs, rhs), BIN_RULES[op](e, g), strict=True):
+                if adj is not None:
+                    _backprop(child, adj, path, emit, needs, f)
+        case Call(fn, args):
+            if not is_float(dtype_of(e)):
+                return
+            if fn not in CALL_RULES:
+                raise NotDifferentiableError(f"halide_ad has no derivative for {fn}(...) in {f.name}",
+                                             f.loc)
+            for child, adj in zip(args, CALL_RULES[fn](e, g), strict=True):
+                if adj is not None:
+                    _backprop(child, adj, path, emit, needs, f)
+        case Select(c, t, fl):
+            _backprop(t, g, path + (c,), emit, needs, f)
+            _backprop(fl, g, path + (Call("not", (c,)),), emit, needs, f)
+        case Cast(dtype, v):
+            if is_float(dtype) and is_float(dtype_of(v)):
+                _backprop(v, cast(dtype_of(v), g), path, emit, needs, f)
+        case Reduce():
+            raise InternalError(f"a reduction inside {f.name}'s body was not given a Func of its own")
+
+
+def _merge(scatters: list[Scatter]) -> tuple[Scatter, ...]:
+    """Contributions with the same index, domain and predicate become one, values summed."""
+    merged: dict[tuple, Scatter] = {}
+    for s in scatters:
+        key = (s.buffer, s.index, s.domain, s.where)
+        if key in merged:
+            m = merged[key]
+            merged[key] = Scatter(m.buffer, m.index, Bin(Op.ADD, m.value, s.value), m.domain, m.where, m.loc)
+        else:
+            merged[key] = s
+    return tuple(merged.values())
+

@@ -1,0 +1,62 @@
+"""`hd.check_grad`: gradients against central finite differences, in float64, without a Jacobian."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_grad(fn, *args, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-8,
+               directions: int = 3, seed: int = 0) -> float:
+    """Check <t, vjp(c)> == <(f(x + eps t) - f(x - eps t)) / 2 eps, c> along random directions t.
+
+    Float arguments are promoted to float64. Returns the worst relative error; raises
+    AssertionError describing the worst mismatch.
+    """
+    from halide_ad.api import _flatten_values, vjp
+    args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args)
+    float_args = [k for k, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype.kind == "f"]
+    if not float_args:
+        raise ValueError("check_grad needs at least one float array argument")
+    rng = np.random.default_rng(seed)
+    out, vjp_fn = vjp(fn, *args)
+    outs = _flatten_values(out)
+    cts = [rng.standard_normal(o.shape) for o in outs]
+    grads = vjp_fn(_restructure(out, cts))
+    worst = (0.0, None)
+    for d in range(directions):
+        t = {k: rng.standard_normal(args[k].shape) for k in float_args}
+        shifted = [list(args), list(args)]
+        for k in float_args:
+            shifted[0][k] = args[k] + eps * t[k]
+            shifted[1][k] = args[k] - eps * t[k]
+        plus = _flatten_values(_call(fn, shifted[0]))
+        minus = _flatten_values(_call(fn, shifted[1]))
+        numeric = sum(np.vdot((p - m) / (2 * eps), c) for p, m, c in zip(plus, minus, cts, strict=True))
+        analytic = sum(np.vdot(t[k], grads[k]) for k in float_args)
+        err = abs(numeric - analytic)
+        tol = atol + rtol * max(abs(numeric), abs(analytic))
+        rel = err / max(abs(numeric), abs(analytic), 1e-300)
+        if rel >= worst[0]:
+            worst = (rel, (d, numeric, analytic, err, tol))
+        if err > tol:
+            raise AssertionError(f"gradient mismatch along random direction {d}: finite differences "
+                                 f"give {numeric!r}, the gradient gives {analytic!r} "
+                                 f"(|difference| {err:.3g} > tolerance {tol:.3g})")
+    return worst[0]
+
+
+def _call(fn, args):
+    from halide_ad.api import as_function
+    return as_function(fn)(*args)
+
+
+def _restructure(out, leaves):
+    """`leaves` arranged in the structure of `out`."""
+    it = iter(leaves)
+
+    def go(o):
+        if isinstance(o, np.ndarray):
+            return next(it)
+        if isinstance(o, dict):
+            return {k: go(v) for k, v in o.items()}
+        return type(o)(go(v) for v in o)
+    return go(out)

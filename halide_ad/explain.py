@@ -1,0 +1,65 @@
+"""`hd.explain`: the forward IR, every adjoint contribution with its form, and the kernel sources."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from halide_ad import ir
+from halide_ad.show import show, show_func
+from halide_ad.solver import Fallback
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One term of an adjoint: `adj_<buffer>[index] += value`, and how it is computed."""
+    buffer: str
+    form: str  # gather, gather-window, scatter-parallel or scatter-serial
+    formula: str
+    reason: str | None  # why a scatter was kept
+    loc: str | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    program: ir.Program
+    contributions: tuple[Contribution, ...]
+    forward_source: str
+    backward_source: str
+
+    def forms(self, buffer: str | None = None) -> list[str]:
+        return [c.form for c in self.contributions if buffer is None or c.buffer == buffer]
+
+    def __str__(self) -> str:
+        lines = [f"== halide_ad: {self.program.name}", "", "-- forward IR"]
+        lines += [f"  {b.name}: input {b.dtype}{list(b.shape)}" for b in self.program.inputs]
+        lines += [f"  {show_func(f)}" for f in self.program.funcs]
+        lines += [f"  outputs: {', '.join(self.program.outputs)}", "", "-- adjoint contributions"]
+        for c in self.contributions:
+            lines.append(f"  [{c.form}] {c.formula}" + (f"   ({c.loc})" if c.loc else ""))
+            if c.reason:
+                lines.append(f"      kept as a scatter: {c.reason}")
+        lines += ["", "-- forward kernel", self.forward_source, "-- gradient kernel", self.backward_source]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def explain(fn, *args, **kwargs) -> Explanation:
+    """Trace and compile `fn` for these arguments; report what was generated (gradients with
+    respect to every float array argument)."""
+    from halide_ad.api import as_function
+    traced, _ = as_function(fn).trace(args, kwargs)
+    wrt = tuple(n for n in traced.arg_names if n is not None and ir.is_float(traced.program.buffer(n).dtype))
+    forward = traced.forward_kernel()
+    kernel, plans = traced.gradient(wrt)
+    contributions = []
+    for plan in plans:
+        for c in plan.contributions:
+            s = c.scatter
+            formula = f"adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+            formula += "  for " + ", ".join(f"{r.var.name} in [{r.lo}, {r.hi})" for r in s.domain)
+            if s.where is not None:
+                formula += f" if {show(s.where)}"
+            contributions.append(Contribution(s.buffer, c.form, formula,
+                                              c.reason if isinstance(c, Fallback) else None,
+                                              str(s.loc) if s.loc else None))
+    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source)

@@ -1,0 +1,178 @@
+"""The front-end `Expr`: a thin wrapper over an IR node that overloads Python's operators.
+
+Users write `c[y, x - 1] + 1.5` and `i == j` inside `hd.compute`; these build IR, so the IR's own
+structural equality stays intact. Python numbers are weakly typed: `x * 0.5` keeps float32 float32.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from halide_ad import ir
+from halide_ad.errors import TraceError, user_loc
+from halide_ad.traverse import simplify_rule
+
+_CONTROL_FLOW_HINT = (
+    "cannot use the symbolic value `{e}` as a Python bool. Python control flow (`if`, `while`, "
+    "`and`/`or`) and the builtins max/min/sorted cannot branch on symbolic values: use "
+    "hd.where(cond, a, b), hd.maximum(a, b), hd.minimum(a, b), or & and | for conditions.")
+
+
+class Expr:
+    """A symbolic scalar inside `hd.compute`: an index variable, a tensor element, or math on them."""
+
+    __slots__ = ("node",)
+    __array_ufunc__ = None  # `np.float32(2) * e` defers to Expr.__rmul__ instead of making arrays
+
+    def __init__(self, node: ir.Expr):
+        self.node = node
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(ir.dtype_of(self.node))
+
+    def __repr__(self) -> str:
+        return f"hd.Expr({self.node})"
+
+    def __add__(self, o): return binary(ir.Op.ADD, self, o)
+    def __radd__(self, o): return binary(ir.Op.ADD, o, self)
+    def __sub__(self, o): return binary(ir.Op.SUB, self, o)
+    def __rsub__(self, o): return binary(ir.Op.SUB, o, self)
+    def __mul__(self, o): return binary(ir.Op.MUL, self, o)
+    def __rmul__(self, o): return binary(ir.Op.MUL, o, self)
+    def __truediv__(self, o): return binary(ir.Op.DIV, self, o)
+    def __rtruediv__(self, o): return binary(ir.Op.DIV, o, self)
+    def __floordiv__(self, o): return binary(ir.Op.FLOORDIV, self, o)
+    def __rfloordiv__(self, o): return binary(ir.Op.FLOORDIV, o, self)
+    def __mod__(self, o): return binary(ir.Op.MOD, self, o)
+    def __rmod__(self, o): return binary(ir.Op.MOD, o, self)
+    def __pow__(self, o): return binary(ir.Op.POW, self, o)
+    def __rpow__(self, o): return binary(ir.Op.POW, o, self)
+    def __eq__(self, o): return binary(ir.Op.EQ, self, o)  # type: ignore[override]
+    def __ne__(self, o): return binary(ir.Op.NE, self, o)  # type: ignore[override]
+    def __lt__(self, o): return binary(ir.Op.LT, self, o)
+    def __le__(self, o): return binary(ir.Op.LE, self, o)
+    def __gt__(self, o): return binary(ir.Op.GT, self, o)
+    def __ge__(self, o): return binary(ir.Op.GE, self, o)
+    def __and__(self, o): return logical(ir.Op.AND, self, o)
+    def __rand__(self, o): return logical(ir.Op.AND, o, self)
+    def __or__(self, o): return logical(ir.Op.OR, self, o)
+    def __ror__(self, o): return logical(ir.Op.OR, o, self)
+    def __neg__(self): return call("neg", self)
+    def __pos__(self): return self
+    def __invert__(self): return call("not", self)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self):
+        raise TraceError(_CONTROL_FLOW_HINT.format(e=self.node), user_loc())
+
+    def __abs__(self):
+        raise TraceError(f"Python's abs() on the symbolic value `{self.node}`: use hd.abs(x)", user_loc())
+
+    def __round__(self, ndigits=None):
+        raise TraceError(f"Python's round() on the symbolic value `{self.node}`: use hd.round(x)",
+                         user_loc())
+
+    def _not_a_number(self, *args):
+        raise TraceError(f"`{self.node}` is symbolic and has no Python value while tracing; "
+                         "keep it symbolic (use hd.cast(x, dtype) to change its type)", user_loc())
+
+    __int__ = __float__ = __index__ = __complex__ = __iter__ = __array__ = _not_a_number
+
+
+Scalar = Expr | int | float | bool
+
+
+def is_symbolic(x) -> bool:
+    return isinstance(x, Expr)
+
+
+def to_node(x, like: str | None = None) -> ir.Expr:
+    """An IR node for `x`; a Python number takes its dtype from `like` (weak typing)."""
+    if isinstance(x, Expr):
+        return x.node
+    if isinstance(x, (bool, np.bool_)):
+        return ir.const(bool(x), "bool")
+    if isinstance(x, np.generic):
+        return ir.const(x.item(), x.dtype.name)
+    if isinstance(x, numbers.Integral):
+        dtype = like if like is not None and like != "bool" else ir.INDEX_DTYPE
+        return ir.const(int(x), dtype)
+    if isinstance(x, numbers.Real):
+        dtype = like if like in ir.FLOAT_DTYPES else "float64"
+        return ir.const(float(x), dtype)
+    from halide_ad.tensor import Tensor, BoundaryView
+    if isinstance(x, (Tensor, BoundaryView)):
+        raise TraceError(f"a whole tensor ({x}) was used where one element is expected; index it, "
+                         "e.g. t[i, j], inside hd.compute", user_loc())
+    raise TraceError(f"cannot use {type(x).__name__} {x!r} in a halide_ad expression", user_loc())
+
+
+def _fold(node: ir.Expr) -> Expr:
+    folded = simplify_rule(node) if all(isinstance(c, ir.Const) for c in _args(node)) else None
+    return Expr(folded if folded is not None else node)
+
+
+def _args(node: ir.Expr):
+    if isinstance(node, ir.Bin):
+        return (node.lhs, node.rhs)
+    if isinstance(node, ir.Call):
+        return node.args
+    return (node,)
+
+
+def _like(*xs) -> str | None:
+    """The dtype that Python numbers among `xs` adopt: that of the first symbolic one."""
+    return next((ir.dtype_of(x.node) for x in xs if isinstance(x, Expr)), None)
+
+
+def binary(op: ir.Op, a, b):
+    from halide_ad.tensor import is_tensorlike, tensor_binary
+    if is_tensorlike(a) or is_tensorlike(b):
+        return tensor_binary(op, a, b)
+    if not (is_symbolic(a) or is_symbolic(b)):
+        return _python_binary(op, a, b)
+    like = _like(a, b)
+    la, lb = to_node(a, like), to_node(b, like)
+    if op is ir.Op.POW and isinstance(lb, ir.Const) and ir.is_float(ir.dtype_of(la)):
+        lb = ir.const(lb.value, ir.dtype_of(la))  # x ** 2 keeps x's float type
+    if op in (ir.Op.FLOORDIV, ir.Op.MOD) and isinstance(lb, ir.Const) and lb.value == 0:
+        raise TraceError(f"division by zero in `{la} {op.value} 0`", user_loc())
+    return _fold(ir.Bin(op, la, lb))
+
+
+def logical(op: ir.Op, a, b):
+    la, lb = to_node(a), to_node(b)
+    for side in (la, lb):
+        if ir.dtype_of(side) != "bool":
+            raise TraceError(f"`{op.value}` combines conditions, but `{side}` is "
+                             f"{ir.dtype_of(side)}; compare it first, e.g. (x > 0)", user_loc())
+    return _fold(ir.Bin(op, la, lb))
+
+
+def _python_binary(op: ir.Op, a, b):
+    from halide_ad.traverse import PY_OPS
+    if op is ir.Op.DIV:
+        return a / b
+    if op is ir.Op.POW:
+        return a ** b
+    return PY_OPS[op](a, b)
+
+
+def call(fn: str, *args) -> Expr:
+    like = _like(*args)
+    nodes = tuple(to_node(a, like) for a in args)
+    return _fold(ir.Call(fn, nodes))
+
+
+def select(cond, a, b) -> Expr:
+    c = to_node(cond)
+    if ir.dtype_of(c) != "bool":
+        raise TraceError(f"hd.where needs a condition, but `{c}` is {ir.dtype_of(c)}; "
+                         "compare it first, e.g. hd.where(x > 0, x, 0)", user_loc())
+    like = _like(a, b)
+    ta, tb = to_node(a, like), to_node(b, like)
+    dtype = ir.promote(ir.dtype_of(ta), ir.dtype_of(tb))
+    return _fold(ir.Select(c, ir.cast(dtype, ta), ir.cast(dtype, tb)))

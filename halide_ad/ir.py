@@ -1,0 +1,283 @@
+"""The IR: small frozen dataclasses with structural equality.
+
+Expressions (`Expr`) are values at one point of a domain; `Func` defines a whole buffer as an
+expression over its pure variables; `Program` is a traced function: inputs, funcs in topological
+order, outputs. Shapes are concrete ints: a program is traced once per signature of shapes.
+
+The IR has no operator sugar (users' `==` builds expressions, so the front end wraps these nodes);
+build nodes with the helpers at the bottom, which fold constants and resolve dtypes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from halide_ad.errors import SourceLoc
+
+
+class Op(Enum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    FLOORDIV = "//"
+    MOD = "%"
+    POW = "**"
+    MIN = "min"
+    MAX = "max"
+    EQ = "=="
+    NE = "!="
+    LT = "<"
+    LE = "<="
+    GT = ">"
+    GE = ">="
+    AND = "&"
+    OR = "|"
+
+
+COMPARISONS = {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE}
+LOGICAL = {Op.AND, Op.OR}
+
+FLOAT_DTYPES = ("float32", "float64")
+INDEX_DTYPE = "int64"
+
+
+class Expr:
+    """Base of expression nodes. `str(e)` prints the expression as a person would write it."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from halide_ad.show import show
+        return show(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Const(Expr):
+    value: int | float | bool
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Var(Expr):
+    """An integer loop variable: a pure variable of a Func or a reduction variable."""
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bin(Expr):
+    op: Op
+    lhs: Expr
+    rhs: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Expr):
+    """A pure math function of its arguments, by name: `neg`, `not`, `exp`, `abs`, `atan2`, ..."""
+    fn: str
+    args: tuple[Expr, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Select(Expr):
+    cond: Expr
+    true: Expr
+    false: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Cast(Expr):
+    dtype: str
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Load(Expr):
+    buffer: str
+    index: tuple[Expr, ...]
+    dtype: str
+    loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """`lo <= var < hi`. Bounds are ints in Funcs; the solver's loops may have Expr bounds."""
+    var: Var
+    lo: int | Expr
+    hi: int | Expr
+
+    @property
+    def extent(self) -> int:
+        return self.hi - self.lo
+
+
+REDUCE_OPS = ("sum", "prod", "max", "min", "argmax", "argmin")
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce(Expr):
+    """`op` over the reduction domain `rvars` (first outermost), restricted by `where`.
+
+    argmax/argmin give the position in reduction order (row-major over `rvars`), -1 if empty.
+    """
+    op: str
+    body: Expr
+    rvars: tuple[Range, ...]
+    where: Expr | None = None
+    loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Func:
+    """`name[vars] = body` for every point of `shape`. A Reduce appears only as the whole body."""
+    name: str
+    vars: tuple[Var, ...]
+    shape: tuple[int, ...]
+    body: Expr
+    dtype: str
+    loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def buffer(self) -> Buffer:
+        return Buffer(self.name, self.shape, self.dtype)
+
+    @property
+    def domain(self) -> tuple[Range, ...]:
+        return tuple(Range(v, 0, n) for v, n in zip(self.vars, self.shape, strict=True))
+
+    @property
+    def keeps_argindex(self) -> bool:
+        """max/min reductions store where the extremum was, for their gradient."""
+        return isinstance(self.body, Reduce) and self.body.op in ("max", "min")
+
+
+def argindex_name(func_name: str) -> str:
+    return f"arg_{func_name}"
+
+
+def adjoint_name(buffer_name: str) -> str:
+    return f"adj_{buffer_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    name: str
+    inputs: tuple[Buffer, ...]
+    funcs: tuple[Func, ...]
+    outputs: tuple[str, ...]
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.inputs:
+            if b.name == name:
+                return b
+        return self.func(name).buffer
+
+    def func(self, name: str) -> Func:
+        for f in self.funcs:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+
+# ---- dtypes -------------------------------------------------------------------------------------
+
+def dtype_of(e: Expr) -> str:
+    match e:
+        case Const(_, dtype) | Cast(dtype, _) | Load(_, _, dtype):
+            return dtype
+        case Var():
+            return INDEX_DTYPE
+        case Bin(op, lhs, rhs):
+            return bin_dtype(op, dtype_of(lhs), dtype_of(rhs))
+        case Call(fn, args):
+            return call_dtype(fn, [dtype_of(a) for a in args])
+        case Select(_, t, f):
+            return promote(dtype_of(t), dtype_of(f))
+        case Reduce(op, body, _, _):
+            return INDEX_DTYPE if op in ("argmax", "argmin") else reduce_dtype(op, dtype_of(body))
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def promote(a: str, b: str) -> str:
+    return np.result_type(np.dtype(a), np.dtype(b)).name
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def bin_dtype(op: Op, a: str, b: str) -> str:
+    if op in COMPARISONS:
+        return "bool"
+    if op in LOGICAL:
+        return promote(a, b)
+    if a == "bool" and b == "bool" and op not in (Op.MIN, Op.MAX):
+        a = b = INDEX_DTYPE
+    t = promote(a, b)
+    if op is Op.DIV and not is_float(t):
+        return "float64"
+    return t
+
+
+FLOAT_FUNCS = {"exp", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
+               "floor", "ceil", "round", "atan2"}
+
+
+def call_dtype(fn: str, arg_dtypes: list[str]) -> str:
+    if fn == "not":
+        return "bool"
+    t = arg_dtypes[0] if len(arg_dtypes) == 1 else promote(*arg_dtypes)
+    if fn in FLOAT_FUNCS and not is_float(t):
+        return "float64"
+    return t
+
+
+def reduce_dtype(op: str, body: str) -> str:
+    if op in ("sum", "prod") and body == "bool":
+        return INDEX_DTYPE
+    return body
+
+
+# ---- constructors that fold constants -----------------------------------------------------------
+
+def const(value, dtype: str | None = None) -> Const:
+    if dtype is None:
+        dtype = "bool" if isinstance(value, (bool, np.bool_)) else (
+            INDEX_DTYPE if isinstance(value, (int, np.integer)) else "float64")
+    py = {"b": bool, "i": int, "u": int, "f": float}[np.dtype(dtype).kind]
+    return Const(py(value), dtype)
+
+
+def cast(dtype: str, e: Expr) -> Expr:
+    if dtype_of(e) == dtype:
+        return e
+    if isinstance(e, Const):
+        return const(np.array(e.value).astype(dtype).item(), dtype)
+    return Cast(dtype, e)
+
+
+def is_const(e: Expr, value=None) -> bool:
+    return isinstance(e, Const) and (value is None or e.value == value)
+
+
+@dataclass(frozen=True, slots=True)
+class Scatter:
+    """For every point of `domain` where `where` holds: adj_<buffer>[index] += value.
+
+    Reverse mode produces these; the solver turns each into a gather when it can.
+    """
+    buffer: str
+    index: tuple[Expr, ...]
+    value: Expr
+    domain: tuple[Range, ...]
+    where: Expr | None = None
+    loc: SourceLoc | None = field(default=None, compare=False, repr=False)

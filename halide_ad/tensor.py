@@ -1,0 +1,471 @@
+"""Symbolic tensors and the DSL that builds Funcs: `compute`, `rdom`, reductions, boundary views,
+and the numpy-style sugar (broadcasting arithmetic, reshape, transpose, slicing)."""
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+
+import numpy as np
+
+from halide_ad import ir
+from halide_ad.errors import BoundsError, ShapeError, TraceError, user_loc
+from halide_ad.expr import Expr, binary, to_node
+from halide_ad.trace import TraceState, current, require
+from halide_ad.traverse import free_vars, rewrite, substitute
+
+
+class Tensor:
+    """A whole symbolic array while tracing: a function input or the result of `hd.compute`."""
+
+    __slots__ = ("buffer",)
+    __array_ufunc__ = None
+
+    def __init__(self, buffer: ir.Buffer):
+        self.buffer = buffer
+
+    name = property(lambda self: self.buffer.name)
+    shape = property(lambda self: self.buffer.shape)
+    ndim = property(lambda self: len(self.buffer.shape))
+    dtype = property(lambda self: np.dtype(self.buffer.dtype))
+    size = property(lambda self: math.prod(self.buffer.shape))
+
+    def __repr__(self) -> str:
+        return f"hd.Tensor({self.name}, shape={self.shape}, dtype={self.buffer.dtype})"
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        state = current()
+        if (state is not None and state.compute_vars is not None) or any(isinstance(i, Expr) for i in index):
+            return element(self, index)
+        return slice_tensor(self, index)
+
+    def __bool__(self):
+        raise TraceError(f"{self} has no truth value while tracing; use hd.where for choices", user_loc())
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __add__(self, o): return binary(ir.Op.ADD, self, o)
+    def __radd__(self, o): return binary(ir.Op.ADD, o, self)
+    def __sub__(self, o): return binary(ir.Op.SUB, self, o)
+    def __rsub__(self, o): return binary(ir.Op.SUB, o, self)
+    def __mul__(self, o): return binary(ir.Op.MUL, self, o)
+    def __rmul__(self, o): return binary(ir.Op.MUL, o, self)
+    def __truediv__(self, o): return binary(ir.Op.DIV, self, o)
+    def __rtruediv__(self, o): return binary(ir.Op.DIV, o, self)
+    def __floordiv__(self, o): return binary(ir.Op.FLOORDIV, self, o)
+    def __mod__(self, o): return binary(ir.Op.MOD, self, o)
+    def __pow__(self, o): return binary(ir.Op.POW, self, o)
+    def __rpow__(self, o): return binary(ir.Op.POW, o, self)
+    def __lt__(self, o): return binary(ir.Op.LT, self, o)
+    def __le__(self, o): return binary(ir.Op.LE, self, o)
+    def __gt__(self, o): return binary(ir.Op.GT, self, o)
+    def __ge__(self, o): return binary(ir.Op.GE, self, o)
+    def __eq__(self, o): return binary(ir.Op.EQ, self, o)  # type: ignore[override]
+    def __ne__(self, o): return binary(ir.Op.NE, self, o)  # type: ignore[override]
+    def __neg__(self): return map_elementwise(lambda a: -a, (self,), "neg")
+    def __matmul__(self, o): return matmul(self, o)
+    __hash__ = object.__hash__
+
+    def sum(self, axis=None, keepdims=False): return reduce("sum", self, axis=axis, keepdims=keepdims)
+    def prod(self, axis=None, keepdims=False): return reduce("prod", self, axis=axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims=False): return reduce("max", self, axis=axis, keepdims=keepdims)
+    def min(self, axis=None, keepdims=False): return reduce("min", self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        count = math.prod(self.shape[a] for a in _axes(axis, self.ndim))
+        return self.sum(axis, keepdims) / count
+
+    def reshape(self, *shape):
+        return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def transpose(self, *axes):
+        return transpose(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes or None)
+
+    @property
+    def T(self):
+        return transpose(self, None)
+
+
+class BoundaryView:
+    """A tensor that any integer index may read: `repeat_edge`, `constant_exterior`, `mirror`."""
+
+    __slots__ = ("tensor", "kind", "value")
+
+    def __init__(self, tensor: Tensor, kind: str, value=0.0):
+        if not isinstance(tensor, Tensor):
+            raise TraceError(f"hd.{kind} takes a traced hd.Tensor, got {type(tensor).__name__}", user_loc())
+        self.tensor, self.kind, self.value = tensor, kind, value
+
+    shape = property(lambda self: self.tensor.shape)
+    ndim = property(lambda self: self.tensor.ndim)
+    dtype = property(lambda self: self.tensor.dtype)
+
+    def __repr__(self) -> str:
+        return f"hd.{self.kind}({self.tensor.name})"
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        nodes = _index_nodes(self.tensor, index)
+        if self.kind == "constant_exterior":
+            inside = [ir.Bin(ir.Op.AND, ir.Bin(ir.Op.GE, e, ir.const(0)), ir.Bin(ir.Op.LT, e, ir.const(n)))
+                      for e, n in zip(nodes, self.shape, strict=True)]
+            cond = inside[0] if inside else ir.const(True)
+            for c in inside[1:]:
+                cond = ir.Bin(ir.Op.AND, cond, c)
+            load = ir.Load(self.tensor.name, nodes, self.tensor.buffer.dtype, user_loc())
+            value = to_node(self.value, self.tensor.buffer.dtype)
+            dtype = ir.promote(load.dtype, ir.dtype_of(value))
+            return Expr(ir.Select(cond, ir.cast(dtype, load), ir.cast(dtype, value)))
+        remap = _repeat_edge_index if self.kind == "repeat_edge" else _mirror_index
+        nodes = tuple(remap(e, n) for e, n in zip(nodes, self.shape, strict=True))
+        return Expr(ir.Load(self.tensor.name, nodes, self.tensor.buffer.dtype, user_loc()))
+
+
+def _span(e: ir.Expr) -> tuple[int, int] | None:
+    """The range of an index expression over the variables of the computation being traced."""
+    from halide_ad.solver.bounds import interval
+    state = current()
+    return interval(e, {v: (r.lo, r.hi - 1) for v, r in state.var_ranges.items()}) if state else None
+
+
+def _repeat_edge_index(e: ir.Expr, n: int) -> ir.Expr:
+    """clamp(e, 0, n - 1), with only the sides that `e` can actually cross."""
+    if n == 1:
+        return ir.const(0)
+    span = _span(e) or (-1, n)
+    if span[0] < 0:
+        e = ir.Bin(ir.Op.MAX, e, ir.const(0)) if span[1] >= 0 else ir.const(0)
+    if span[1] > n - 1:
+        e = ir.Bin(ir.Op.MIN, e, ir.const(n - 1)) if span[0] <= n - 1 else ir.const(n - 1)
+    return e
+
+
+def _mirror_index(e: ir.Expr, n: int) -> ir.Expr:
+    """numpy's 'reflect' (Halide's mirror_interior): n-1 - |n-1 - (|e| mod 2(n-1))|."""
+    if n == 1:
+        return ir.const(0)
+    if isinstance(e, ir.Const):
+        period = 2 * (n - 1)
+        return ir.const(n - 1 - abs(n - 1 - abs(e.value) % period))
+    folded = ir.Bin(ir.Op.MOD, ir.Call("abs", (e,)), ir.const(2 * (n - 1)))
+    return ir.Bin(ir.Op.SUB, ir.const(n - 1), ir.Call("abs", (ir.Bin(ir.Op.SUB, ir.const(n - 1), folded),)))
+
+
+def is_tensorlike(x) -> bool:
+    return isinstance(x, (Tensor, BoundaryView))
+
+
+def _index_nodes(t: Tensor, index: tuple) -> tuple[ir.Expr, ...]:
+    if len(index) != t.ndim:
+        raise ShapeError(f"{t.name} has {t.ndim} dimension(s) (shape {t.shape}) but was indexed "
+                         f"with {len(index)} index(es)", user_loc())
+    nodes = []
+    for i in index:
+        node = to_node(i)
+        if ir.dtype_of(node) not in ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32"):
+            raise TraceError(f"the index `{node}` into {t.name} is {ir.dtype_of(node)}; indices must "
+                             "be integers (use hd.cast(x, 'int64') or hd.floor first)", user_loc())
+        nodes.append(ir.cast(ir.INDEX_DTYPE, node))
+    return tuple(nodes)
+
+
+def element(t: Tensor, index: tuple) -> Expr:
+    return Expr(ir.Load(t.name, _index_nodes(t, index), t.buffer.dtype, user_loc()))
+
+
+# ---- compute and rdom ---------------------------------------------------------------------------
+
+def _check_shape(shape, what: str) -> tuple[int, ...]:
+    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+    for n in shape:
+        if not isinstance(n, numbers.Integral) or isinstance(n, bool):
+            raise ShapeError(f"{what} {shape} must hold Python ints, got {type(n).__name__} {n!r}", user_loc())
+        if n <= 0:
+            raise ShapeError(f"{what} {shape} has a dimension of size {n}; every extent must be "
+                             "positive", user_loc())
+    return tuple(int(n) for n in shape)
+
+
+_DEFAULT_VAR_NAMES = ("i", "j", "k", "l", "m", "n")
+
+
+def _param_names(fn, count: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
+        return list(_DEFAULT_VAR_NAMES[:count]) if count <= 6 else [f"i{d}" for d in range(count)]
+    if len(params) != count:
+        raise ShapeError(f"hd.compute got a shape of {count} dimension(s) but a function of "
+                         f"{len(params)} argument(s); give it one index variable per dimension", user_loc())
+    return [p.name for p in params]
+
+
+def compute(shape, fn, name: str | None = None) -> Tensor:
+    """A new Tensor whose element at index vars `(i, ...)` is `fn(i, ...)`."""
+    state = require("hd.compute")
+    if state.compute_vars is not None:
+        raise TraceError("hd.compute was called inside another hd.compute's function; build the "
+                         "inner tensor first, outside, and index it", user_loc())
+    shape = _check_shape(shape, "hd.compute's shape")
+    loc = user_loc()
+    names = _param_names(fn, len(shape))
+    fvars = tuple(ir.Var(n if n not in state.names else n + "_") for n in names)
+    if len(set(fvars)) != len(fvars):
+        raise TraceError(f"hd.compute's function repeats an index variable name: {names}", loc)
+    for v, n in zip(fvars, shape, strict=True):
+        state.var_ranges[v] = ir.Range(v, 0, n)
+    state.compute_vars = fvars
+    try:
+        result = fn(*(Expr(v) for v in fvars))
+    finally:
+        state.compute_vars = None
+    if is_tensorlike(result):
+        raise TraceError(f"hd.compute's function returned the whole tensor {result}; return one "
+                         "element, e.g. t[i, j]", loc)
+    body = to_node(result)
+    fname = state.fresh_name(name or getattr(fn, "__name__", "f").replace("<lambda>", "f"))
+    body = _lift_reductions(state, body, fvars, fname)
+    return Tensor(add_func(state, ir.Func(fname, fvars, shape, body, ir.dtype_of(body), loc)).buffer)
+
+
+def add_func(state: TraceState, func: ir.Func) -> ir.Func:
+    from halide_ad.solver.bounds import check_bounds
+    check_bounds(func, state.buffer)
+    state.funcs.append(func)
+    return func
+
+
+def _lift_reductions(state: TraceState, body: ir.Expr, fvars, fname: str) -> ir.Expr:
+    """Give each Reduce that is not the whole body a Func of its own, over the vars it uses.
+
+    `hd.compute(s, lambda i, j: x[i, j] - hd.max(x[i, r]))` becomes `m[i] = max(x[i, r] ...)`
+    and `out[i, j] = x[i, j] - m[i]`, so every Func is pointwise or one reduction.
+    """
+    def lift(node: ir.Expr) -> ir.Expr | None:
+        if not isinstance(node, ir.Reduce) or node is root:
+            return None
+        used = free_vars(node)
+        order = list(fvars) + [v for v in state.var_ranges if v not in fvars]
+        lvars = [v for v in order if v in used]
+        ranges = [state.var_ranges[v] for v in lvars]
+        shifted = {v: ir.Bin(ir.Op.ADD, v, ir.const(r.lo)) for v, r in zip(lvars, ranges, strict=True) if r.lo}
+        lbody = substitute(node, shifted)
+        lname = state.fresh_name(f"{fname}_{node.op}")
+        func = add_func(state, ir.Func(lname, tuple(lvars), tuple(r.extent for r in ranges), lbody,
+                                       ir.dtype_of(lbody), node.loc))
+        index = tuple(ir.Bin(ir.Op.SUB, v, ir.const(r.lo)) if r.lo else v for v, r in zip(lvars, ranges, strict=True))
+        return ir.Load(func.name, index, func.dtype, node.loc)
+
+    root = body if isinstance(body, ir.Reduce) else None
+    return rewrite(body, lift)
+
+
+def rdom(*extents, where=None):
+    """Reduction variables over a box: an extent is an int n ([0, n)) or a (lo, hi) pair."""
+    state = require("hd.rdom")
+    if not extents:
+        raise ShapeError("hd.rdom needs at least one extent, e.g. hd.rdom(3)", user_loc())
+    rvars = []
+    for e in extents:
+        lo, hi = (0, e) if not isinstance(e, (tuple, list)) else tuple(e)
+        for b in (lo, hi):
+            if not isinstance(b, numbers.Integral) or isinstance(b, bool):
+                raise ShapeError(f"hd.rdom extent {e!r} must be an int or a (lo, hi) pair of ints", user_loc())
+        if hi <= lo:
+            raise ShapeError(f"hd.rdom extent {e!r} is empty; extents must be positive", user_loc())
+        v = ir.Var(state.fresh_name("r"))
+        state.var_ranges[v] = ir.Range(v, int(lo), int(hi))
+        state.reduction_vars.add(v)
+        rvars.append(v)
+    if where is not None:
+        pred = to_node(where(*(Expr(v) for v in rvars)))
+        if ir.dtype_of(pred) != "bool":
+            raise TraceError(f"hd.rdom's where= must return a condition, got `{pred}`", user_loc())
+        for v in rvars:
+            state.rdom_where[v] = pred
+    out = tuple(Expr(v) for v in rvars)
+    return out[0] if len(out) == 1 else out
+
+
+# ---- reductions ---------------------------------------------------------------------------------
+
+def reduce(op: str, x, axis=None, keepdims: bool = False):
+    """On a Tensor: numpy-style reduction over `axis`. On an expression: over its rdom variables."""
+    if isinstance(x, Tensor):
+        return _reduce_tensor(op, x, axis, keepdims)
+    if isinstance(x, BoundaryView):
+        return _reduce_tensor(op, x.tensor, axis, keepdims)
+    if axis is not None or keepdims:
+        raise TraceError(f"hd.{op}(expr) reduces over the expression's rdom variables; axis= is "
+                         "for tensors", user_loc())
+    state = require(f"hd.{op}")
+    node = to_node(x)
+    used = free_vars(node)
+    rvars = [v for v in state.var_ranges if v in used and v in state.reduction_vars]
+    preds = {state.rdom_where[v] for v in rvars if v in state.rdom_where}
+    for p in preds:
+        rvars += [v for v in state.var_ranges if v in free_vars(p) and v in state.rdom_where and v not in rvars]
+    if not rvars:
+        raise TraceError(f"hd.{op}(`{node}`) has no reduction variable to reduce over; make "
+                         "some with hd.rdom(...) and use them in the expression", user_loc())
+    rvars.sort(key=list(state.var_ranges).index)
+    where = None
+    for p in sorted(preds, key=str):
+        where = p if where is None else ir.Bin(ir.Op.AND, where, p)
+    if op in ("max", "min", "argmax", "argmin") and ir.dtype_of(node) == "bool":
+        node = ir.cast(ir.INDEX_DTYPE, node)
+    return Expr(ir.Reduce(op, node, tuple(state.var_ranges[v] for v in rvars), where, user_loc()))
+
+
+def _axes(axis, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, numbers.Integral) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ShapeError(f"axis {a} is out of range for a tensor of {ndim} dimension(s)", user_loc())
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"axis {axis} repeats an axis", user_loc())
+    return tuple(sorted(out))
+
+
+def _reduce_tensor(op: str, t: Tensor, axis, keepdims: bool) -> Tensor:
+    axes = _axes(axis, t.ndim)
+    kept = [d for d in range(t.ndim) if d not in axes]
+    out_shape = tuple(1 if d in axes else t.shape[d] for d in range(t.ndim)) if keepdims else \
+        tuple(t.shape[d] for d in kept)
+    rv = rdom(*(t.shape[a] for a in axes)) if axes else ()
+    rv = rv if isinstance(rv, tuple) else (rv,)
+
+    def body(*idx):
+        full = list(idx) if keepdims else [None] * t.ndim
+        if not keepdims:
+            for d, i in zip(kept, idx, strict=True):
+                full[d] = i
+        for a, r in zip(axes, rv, strict=True):
+            full[a] = r
+        value = element(t, tuple(full))
+        return reduce(op, value) if axes else value
+
+    return compute(out_shape, body, name=f"{t.name}_{op}")
+
+
+# ---- elementwise sugar --------------------------------------------------------------------------
+
+def broadcast_shape(*shapes) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"shapes {' and '.join(map(str, shapes))} do not broadcast together "
+                         "(numpy's rules: trailing dimensions must match or be 1)", user_loc()) from None
+
+
+def _broadcast_element(x, idx: tuple, shape: tuple[int, ...]):
+    if isinstance(x, BoundaryView):
+        x = x.tensor
+    if not isinstance(x, Tensor):
+        return x
+    offset = len(shape) - x.ndim
+    return element(x, tuple(0 if n == 1 else idx[offset + d] for d, n in enumerate(x.shape)))
+
+
+def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor:
+    """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`."""
+    shape = broadcast_shape(*(a.shape for a in args if is_tensorlike(a)))
+    return compute(shape, lambda *idx: scalar_fn(*(_broadcast_element(a, idx, shape) for a in args)),
+                   name=name)
+
+
+def tensor_binary(op: ir.Op, a, b) -> Tensor:
+    for x in (a, b):
+        if isinstance(x, Expr):
+            raise TraceError(f"cannot combine a whole tensor with the element expression `{x.node}`; "
+                             "index the tensor inside hd.compute", user_loc())
+    return map_elementwise(lambda x, y: binary(op, x, y), (a, b), op.name.lower())
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    if not (isinstance(b, Tensor) and a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[0]):
+        raise ShapeError(f"matmul needs (m, k) @ (k, n) tensors, got {a.shape} @ "
+                         f"{getattr(b, 'shape', type(b).__name__)}", user_loc())
+    k = rdom(a.shape[1])
+    return compute((a.shape[0], b.shape[1]), lambda i, j: reduce("sum", a[i, k] * b[k, j]), name="matmul")
+
+
+def reshape(t: Tensor, shape) -> Tensor:
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape to {tuple(shape)}: at most one dimension may be -1", user_loc())
+    if -1 in shape:
+        rest = math.prod(n for n in shape if n != -1)
+        shape[shape.index(-1)] = t.size // rest if rest and t.size % rest == 0 else -1
+    shape = _check_shape(shape, "reshape's shape") if -1 not in shape else shape
+    if -1 in shape or math.prod(shape) != t.size:
+        raise ShapeError(f"cannot reshape {t.name} of shape {t.shape} ({t.size} elements) to "
+                         f"{tuple(shape)}", user_loc())
+
+    def body(*idx):
+        flat = 0
+        for i, n in zip(idx, shape, strict=True):
+            flat = flat * n + i
+        old = []
+        for n in reversed(t.shape):
+            old.append(flat % n if n > 1 else 0)
+            flat = flat // n
+        return t[tuple(reversed(old))]
+
+    return compute(tuple(shape), body, name=f"{t.name}_reshape")
+
+
+def transpose(t: Tensor, axes) -> Tensor:
+    axes = tuple(reversed(range(t.ndim))) if axes is None else tuple(a % t.ndim for a in axes)
+    if sorted(axes) != list(range(t.ndim)):
+        raise ShapeError(f"transpose axes {axes} are not a permutation of {tuple(range(t.ndim))}", user_loc())
+
+    def body(*idx):
+        old = [None] * t.ndim
+        for out_dim, a in enumerate(axes):
+            old[a] = idx[out_dim]
+        return t[tuple(old)]
+
+    return compute(tuple(t.shape[a] for a in axes), body, name=f"{t.name}_T")
+
+
+def slice_tensor(t: Tensor, index: tuple) -> Tensor:
+    """numpy basic indexing with ints and slices, as a new tensor."""
+    if Ellipsis in index:
+        k = index.index(Ellipsis)
+        index = index[:k] + (slice(None),) * (t.ndim - len(index) + 1) + index[k + 1:]
+    if len(index) > t.ndim:
+        raise ShapeError(f"too many indices for {t.name} of shape {t.shape}", user_loc())
+    index = index + (slice(None),) * (t.ndim - len(index))
+    starts, steps, out_shape, keep = [], [], [], []
+    for d, (i, n) in enumerate(zip(index, t.shape, strict=True)):
+        if isinstance(i, slice):
+            start, _, step = i.indices(n)
+            length = len(range(*i.indices(n)))
+            if length == 0:
+                raise ShapeError(f"the slice {i} of dimension {d} of {t.name} (size {n}) is empty", user_loc())
+            starts.append(start), steps.append(step), out_shape.append(length), keep.append(True)
+        elif isinstance(i, numbers.Integral):
+            if not -n <= i < n:
+                raise BoundsError(f"index {i} is out of range for dimension {d} of {t.name} (size {n})",
+                                  user_loc())
+            starts.append(int(i) % n), steps.append(0), keep.append(False)
+        else:
+            raise TraceError(f"cannot index tensor {t.name} with {i!r} outside hd.compute; use ints "
+                             "and slices, or index elementwise inside hd.compute", user_loc())
+
+    def body(*idx):
+        it = iter(idx)
+        return t[tuple(s + st * next(it) if k else s for s, st, k in zip(starts, steps, keep, strict=True))]
+
+    return compute(tuple(out_shape), body, name=f"{t.name}_slice")

@@ -1,0 +1,72 @@
+"""Tracing state: what one `@hd.func` trace has built so far (thread-local, so threads can trace)."""
+from __future__ import annotations
+
+import itertools
+import keyword
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from halide_ad import ir
+from halide_ad.errors import TraceError, user_loc
+
+
+@dataclass
+class TraceState:
+    name: str
+    inputs: list[ir.Buffer] = field(default_factory=list)
+    funcs: list[ir.Func] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+    var_ranges: dict[ir.Var, ir.Range] = field(default_factory=dict)
+    reduction_vars: set[ir.Var] = field(default_factory=set)
+    rdom_where: dict[ir.Var, ir.Expr] = field(default_factory=dict)  # rvar -> its rdom's predicate
+    compute_vars: tuple[ir.Var, ...] | None = None  # pure vars of the hd.compute being traced
+    counter: itertools.count = field(default_factory=itertools.count)
+
+    def fresh_name(self, base: str) -> str:
+        """A Python identifier, unique in this trace, that reads like `base`."""
+        base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or "f"
+        if base[0].isdigit() or keyword.iskeyword(base) or base in ("np", "math", "numba"):
+            base = "f_" + base
+        name, k = base, 1
+        while name in self.names:
+            name, k = f"{base}_{k}", k + 1
+        self.names.add(name)
+        return name
+
+    def buffer(self, name: str) -> ir.Buffer:
+        for b in self.inputs:
+            if b.name == name:
+                return b
+        for f in self.funcs:
+            if f.name == name:
+                return f.buffer
+        raise KeyError(name)
+
+
+_local = threading.local()
+
+
+def current() -> TraceState | None:
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+def require(what: str) -> TraceState:
+    state = current()
+    if state is None:
+        raise TraceError(f"{what} can only be used inside a function traced by halide_ad "
+                         "(decorate it with @hd.func, or pass it to hd.grad/hd.vjp)", user_loc())
+    return state
+
+
+@contextmanager
+def tracing(state: TraceState):
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(state)
+    try:
+        yield state
+    finally:
+        stack.pop()

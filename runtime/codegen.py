@@ -1,0 +1,277 @@
+"""IR -> Python source a person could have written, for numba to compile.
+
+`emit_forward` writes one function that fills every Func's buffer, stage after stage;
+`emit_backward` writes one that fills every adjoint: a gather loop nest per adjoint (one writer
+per element, `prange` over the outermost useful dimension), then any fallback scatters.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Reduce, Select, Var,
+                          adjoint_name, argindex_name, dtype_of, is_float)
+from halide_ad.show import show, show_func
+from halide_ad.solver.bounds import is_data_dependent
+from halide_ad.runtime.writer import Writer
+
+_NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
+             "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
+             "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
+_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked"}
+
+
+@dataclass
+class Emitter:
+    """Python text for expressions, with buffer shapes for 0-d buffers and run-time index checks."""
+    shapes: dict[str, tuple[int, ...]]
+    names: dict[Var, str] = field(default_factory=dict)
+    checks: list[str] = field(default_factory=list)  # what each run-time index check guards
+    out: Writer = field(default_factory=Writer)
+
+    def name(self, v: Var) -> str:
+        if v not in self.names:
+            base = v.name if v.name not in self.shapes and v.name not in _RESERVED else v.name + "_"
+            taken = set(self.names.values())
+            name, k = base, 1
+            while name in taken or name in self.shapes:
+                name, k = f"{base}{k}", k + 1
+            self.names[v] = name
+        return self.names[v]
+
+    def const(self, value, dtype: str) -> str:
+        if dtype == "bool":
+            return "True" if value else "False"
+        if not is_float(dtype):
+            return repr(int(value))
+        text = "np.inf" if value == math.inf else "-np.inf" if value == -math.inf else \
+            "np.nan" if value != value else repr(float(value))
+        return f"np.float32({text})" if dtype == "float32" else text
+
+    def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
+        if not index:
+            return f"{buffer}[0]"
+        parts = []
+        for d, e in enumerate(index):
+            text = self.expr(e)
+            if is_data_dependent(e):
+                self.checks.append(f"dimension {d} of {buffer} (valid: 0..{self.shapes[buffer][d] - 1}), "
+                                   f"read at {loc_text}")
+                text = f"checked({text}, {self.shapes[buffer][d]}, status, {len(self.checks) - 1})"
+            parts.append(text)
+        return f"{buffer}[{', '.join(parts)}]"
+
+    def expr(self, e: Expr) -> str:
+        match e:
+            case Const(v, dtype):
+                return self.const(v, dtype)
+            case Var():
+                return self.name(e)
+            case Load(buffer, index, _, loc):
+                return self.index(buffer, index, str(loc) if loc else show(e))
+            case Bin(Op.MIN | Op.MAX as op, a, b):
+                # numpy's minimum/maximum propagate NaN from either side; the builtins do not
+                fn = op.value if not is_float(dtype_of(e)) else f"np.{op.value}imum"
+                return f"{fn}({self.expr(a)}, {self.expr(b)})"
+            case Bin(Op.POW, a, Const(2)):
+                x = self.expr(a)
+                return f"({x} * {x})"
+            case Bin(Op.AND | Op.OR as op, a, b) if dtype_of(a) == "bool" and dtype_of(b) == "bool":
+                return f"({self.expr(a)} {'and' if op is Op.AND else 'or'} {self.expr(b)})"
+            case Bin(op, a, b):
+                return f"({self.expr(a)} {op.value} {self.expr(b)})"
+            case Call("neg", (a,)):
+                return f"(-{self.expr(a)})"
+            case Call("not", (a,)):
+                return f"(not {self.expr(a)})"
+            case Call("abs", (a,)):
+                return f"abs({self.expr(a)})"
+            case Call("rsqrt", (a,)):
+                return f"({self.const(1.0, dtype_of(e))} / np.sqrt({self.expr(a)}))"
+            case Call("erf", (a,)):
+                return self.cast(f"math.erf({self.expr(a)})", dtype_of(e))
+            case Call(fn, args) if fn in _NP_FUNCS:
+                return f"{_NP_FUNCS[fn]}({', '.join(self.expr(a) for a in args)})"
+            case Select(c, t, f):
+                return f"({self.expr(t)} if {self.expr(c)} else {self.expr(f)})"
+            case Cast(dtype, v):
+                return self.cast(self.expr(v), dtype)
+            case Reduce():
+                return self.reduce_inline(e)
+        raise NotImplementedError(f"no Python for {e!r}")
+
+    def cast(self, text: str, dtype: str) -> str:
+        return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"
+
+    def reduce_inline(self, r: Reduce) -> str:
+        """Hoist a reduction out of an expression: its loop goes before the line that uses it."""
+        tmp = self.out.temp("red")
+        self.out.line(f"{tmp} = {reduce_init(r, self)}")
+        depth = self.out.depth
+        for rv in r.rvars:
+            self.out.line(f"for {self.name(rv.var)} in range({rv.lo}, {rv.hi}):")
+            self.out.depth += 1
+        if r.where is not None:
+            self.out.line(f"if {self.expr(r.where)}:")
+            self.out.depth += 1
+        op = {"sum": "+", "prod": "*"}[r.op]
+        self.out.line(f"{tmp} = {tmp} {op} {self.expr(r.body)}")
+        self.out.depth = depth
+        return tmp
+
+
+def reduce_init(r: Reduce, em: Emitter) -> str:
+    dtype = dtype_of(r)
+    if r.op in ("argmax", "argmin"):
+        dtype = dtype_of(r.body)
+    init = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}.get(r.op, -math.inf if r.op == "argmax" else math.inf)
+    if not is_float(dtype) and dtype != "bool" and not isinstance(init, int):
+        import numpy as np
+        info = np.iinfo(dtype)
+        init = info.min if init < 0 else info.max
+    return em.const(init, dtype)
+
+
+def _parallel_dim(shape: tuple[int, ...]) -> int | None:
+    return next((d for d, n in enumerate(shape) if n > 1), None)
+
+
+def _loop_nest(w: Writer, em: Emitter, vars_, shape):
+    """Open one loop per dimension (prange on the first with more than one point)."""
+    par = _parallel_dim(shape)
+    for d, (v, n) in enumerate(zip(vars_, shape, strict=True)):
+        _open_loop(w, em.name(v), f"0, {n}", d == par)
+
+
+def _open_loop(w: Writer, name: str, bounds: str, parallel: bool) -> None:
+    """numba may type a prange index as unsigned, and uint64 mixed with int64 gives float64:
+    rebind it as int64."""
+    if parallel:
+        w.line(f"for {name}_ in prange({bounds}):")
+        w.depth += 1
+        w.line(f"{name} = np.int64({name}_)")
+    else:
+        w.line(f"for {name} in range({bounds}):")
+        w.depth += 1
+
+
+def emit_forward(program: Program) -> tuple[str, list[str], list[str]]:
+    """The source of `forward(...)`, its parameter names, and the run-time index checks."""
+    shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
+    params = [b.name for b in program.inputs] + [f.name for f in program.funcs] + [
+        argindex_name(f.name) for f in program.funcs if f.keeps_argindex]
+    shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
+    em = Emitter(shapes)
+    w = em.out
+    with w.block(f"def forward({', '.join(params)}, status):"):
+        for f in program.funcs:
+            w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
+            depth = w.depth
+            _loop_nest(w, em, f.vars, f.shape)
+            store = em.index(f.name, f.vars, f.name)
+            if isinstance(f.body, Reduce):
+                _emit_reduction(w, em, f)
+            else:
+                w.line(f"{store} = {em.expr(f.body)}")
+            w.depth = depth
+        w.line("return None")
+    return w.text(), params, em.checks
+
+
+def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
+    r: Reduce = f.body
+    keeps_arg = r.op in ("max", "min", "argmax", "argmin")
+    w.line(f"acc = {reduce_init(r, em)}")
+    if keeps_arg:
+        w.line("arg = -1")
+    depth = w.depth
+    for rv in r.rvars:
+        w.line(f"for {em.name(rv.var)} in range({rv.lo}, {rv.hi}):")
+        w.depth += 1
+    if r.where is not None:
+        w.line(f"if {em.expr(r.where)}:")
+        w.depth += 1
+    if keeps_arg:
+        from halide_ad.ad import flat_index
+        better = ">" if r.op in ("max", "argmax") else "<"
+        w.line(f"val = {em.expr(r.body)}")
+        # The first extremal element wins; a NaN wins over numbers, as in numpy.
+        with w.block(f"if arg < 0 or val {better} acc or (val != val and acc == acc):"):
+            w.line("acc = val")
+            w.line(f"arg = {em.expr(flat_index(r.rvars))}")
+    else:
+        w.line(f"acc = acc {'+' if r.op == 'sum' else '*'} {em.expr(r.body)}")
+    w.depth = depth
+    result = "arg" if r.op in ("argmax", "argmin") else "acc"
+    w.line(f"{em.index(f.name, f.vars, f.name)} = {result}")
+    if f.keeps_argindex:
+        w.line(f"{em.index(argindex_name(f.name), f.vars, f.name)} = arg")
+
+
+def emit_backward(program: Program, plans) -> tuple[str, list[str], list[str]]:
+    """The source of `backward(...)`: one gather loop nest per adjoint, then fallback scatters.
+
+    `plans` are `AdjointPlan`s in order (outputs first), each adjoint's contributions inverted.
+    """
+    from halide_ad.solver import Gather
+    shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
+    shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
+    computed = [p for p in plans if p.contributions]
+    shapes |= {adjoint_name(p.adjoint.buffer): p.adjoint.shape for p in plans}
+    shapes |= {"ct_" + p.adjoint.buffer: p.adjoint.shape for p in computed if p.adjoint.seeded}
+    params = list(shapes)
+    em = Emitter(shapes)
+    w = em.out
+    with w.block(f"def backward({', '.join(params)}, status):"):
+        for plan in computed:
+            adj = plan.adjoint
+            name = adjoint_name(adj.buffer)
+            gathers = [c for c in plan.contributions if isinstance(c, Gather)]
+            w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
+            depth = w.depth
+            _loop_nest(w, em, plan.new_vars, adj.shape)
+            zero = em.const(0, adj.dtype)
+            w.line(f"acc = {em.index('ct_' + adj.buffer, plan.new_vars, name) if adj.seeded else zero}")
+            for g in gathers:
+                _emit_gather(w, em, g)
+            w.line(f"{em.index(name, plan.new_vars, name)} = acc")
+            w.depth = depth
+            for s in plan.contributions:
+                if not isinstance(s, Gather):
+                    _emit_scatter(w, em, s, name)
+        w.line("return None")
+    return w.text(), params, em.checks
+
+
+def _emit_gather(w: Writer, em: Emitter, g) -> None:
+    s = g.scatter
+    w.line(f"# {g.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+           + (f"  ({s.loc})" if s.loc else ""))
+    for piece in g.pieces:
+        depth = w.depth
+        for level, guards in enumerate(piece.guards):
+            if level > 0:
+                loop = piece.loops[level - 1]
+                w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
+                w.depth += 1
+            if guards:
+                w.line(f"if {' and '.join(em.expr(c) for c in guards)}:")
+                w.depth += 1
+        w.line(f"acc += {em.expr(piece.value)}")
+        w.depth = depth
+
+
+def _emit_scatter(w: Writer, em: Emitter, f, adj_name: str) -> None:
+    s = f.scatter
+    w.line(f"# {f.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+           + (f"  ({s.loc})" if s.loc else ""))
+    w.line(f"# kept as a scatter: {f.reason}")
+    depth = w.depth
+    order = sorted(s.domain, key=lambda r: r.var != f.parallel)
+    for r in order:
+        _open_loop(w, em.name(r.var), f"{r.lo}, {r.hi}", r.var == f.parallel)
+    if s.where is not None:
+        w.line(f"if {em.expr(s.where)}:")
+        w.depth += 1
+    w.line(f"{em.index(adj_name, s.index, str(s.loc))} += {em.expr(s.value)}")
+    w.depth = depth

@@ -1,0 +1,210 @@
+"""The executable spec: the IR interpreted with numpy, slowly and obviously.
+
+`evaluate` computes every Func of a Program; `scatter_adjoints` computes gradients by running the
+Scatters of reverse mode as written (adj_B[index] += value, serially, with `np.add.at`), with no
+solver involved: it is the oracle that compiled gather kernels are tested against.
+
+Each expression is evaluated at every point of a domain at once. The domain lives in an `Env` as
+open-mesh index grids, one broadcastable int64 array per variable, so for `y[i, j] = x[j, i]` the
+grids are i: shape (n, 1) and j: shape (1, m), and `x[j, i]` is one fancy-indexing read. A Reduce
+appends one axis per reduction variable and then reduces those axes away.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from halide_ad.ad import reverse_mode
+from halide_ad.errors import InternalError
+from halide_ad.ir import (COMPARISONS, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
+                          Scatter, Select, Var, adjoint_name, argindex_name, dtype_of, is_float)
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where expressions are evaluated: every point of a box of `shape`.
+
+    `grids[v]` holds the value of `v` at each point, as an int64 array broadcastable to `shape`
+    with the same number of axes; `buffers` maps buffer names to arrays of their declared shape.
+    """
+    grids: dict[Var, np.ndarray]
+    buffers: dict[str, np.ndarray]
+    shape: tuple[int, ...]
+
+    def extend(self, ranges: tuple[Range, ...]) -> Env:
+        """This box times `ranges`, one new trailing axis per range (first range outermost)."""
+        extents = tuple(_extent(r) for r in ranges)
+        lead = (1,) * len(self.shape)
+        inner = np.indices(extents, dtype=np.int64, sparse=True)
+        grids = {v: g.reshape(g.shape + (1,) * len(ranges)) for v, g in self.grids.items()}
+        grids |= {r.var: g.reshape(lead + g.shape) + r.lo for r, g in zip(ranges, inner, strict=True)}
+        return Env(grids, self.buffers, self.shape + extents)
+
+
+def _extent(r: Range) -> int:
+    if not (isinstance(r.lo, int) and isinstance(r.hi, int)):
+        raise InternalError(f"the reference interpreter needs int bounds, got {r.lo}..{r.hi}")
+    return max(r.hi - r.lo, 0)
+
+
+_BIN = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.true_divide,
+        Op.FLOORDIV: np.floor_divide, Op.MOD: np.mod, Op.POW: np.power,  # floor semantics, as Python
+        Op.MIN: np.minimum, Op.MAX: np.maximum, Op.EQ: np.equal, Op.NE: np.not_equal,
+        Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater, Op.GE: np.greater_equal,
+        Op.AND: np.bitwise_and, Op.OR: np.bitwise_or}  # logical on bools, bitwise on ints
+
+_CALLS = {"neg": np.negative, "not": np.logical_not, "exp": np.exp, "log": np.log, "log1p": np.log1p,
+          "sqrt": np.sqrt, "rsqrt": lambda x: np.reciprocal(np.sqrt(x)), "sin": np.sin, "cos": np.cos,
+          "tan": np.tan, "tanh": np.tanh, "erf": np.vectorize(math.erf, otypes=[np.float64]),
+          "abs": np.abs, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
+          "round": np.rint, "atan2": np.arctan2}  # round: half to even
+
+
+def _eval(e: Expr, env: Env) -> np.ndarray:
+    """The value of `e` at every point of `env`: an array of dtype_of(e), broadcastable to env.shape."""
+    dtype = dtype_of(e)
+    match e:
+        case Const(value, _):
+            out = np.asarray(value)
+        case Var():
+            out = env.grids[e]
+        case Load(buffer, index, _):
+            out = _load(env.buffers[buffer], [_eval(i, env) for i in index])
+        case Bin(op, lhs, rhs):
+            a, b = _eval(lhs, env), _eval(rhs, env)
+            if op not in COMPARISONS:  # compute in the result dtype: bool + bool and int / int
+                a, b = a.astype(dtype), b.astype(dtype)
+            out = _BIN[op](a, b)
+        case Call(fn, args):
+            out = _CALLS[fn](*(_eval(a, env) for a in args))
+        case Select(cond, true, false):  # both branches are evaluated, hence the clipped reads
+            out = np.where(_eval(cond, env), _eval(true, env), _eval(false, env))
+        case Cast(_, value):
+            out = _eval(value, env)
+        case Reduce():
+            out = _reduce(e, env)[0]
+        case _:
+            raise InternalError(f"the reference interpreter cannot evaluate {e!r}")
+    return np.asarray(out).astype(dtype, copy=False)
+
+
+def _load(buf: np.ndarray, index: list[np.ndarray]) -> np.ndarray:
+    """buf[index], each index clipped into range: an untaken Select branch may read anywhere."""
+    if buf.size == 0:
+        return np.zeros(np.broadcast_shapes(*(i.shape for i in index)), buf.dtype)
+    return buf[tuple(np.clip(i, 0, n - 1) for i, n in zip(index, buf.shape, strict=True))]
+
+
+def _identity(op: str, dtype: str) -> int | float | bool:
+    """The value of `op` over no elements."""
+    if op in ("sum", "prod"):
+        return int(op == "prod")
+    high = op in ("min", "argmin")
+    if dtype == "bool":
+        return high
+    if is_float(dtype):
+        return math.inf if high else -math.inf
+    return int(np.iinfo(dtype).max if high else np.iinfo(dtype).min)
+
+
+def _reduce(r: Reduce, env: Env) -> tuple[np.ndarray, np.ndarray | None]:
+    """(r's value, argindex) at every point of `env`.
+
+    The argindex (max/min/argmax/argmin only, else None) is the flat position, row-major over
+    `r.rvars`, of the first unmasked element equal to the result (the first NaN if the result is
+    NaN), or -1 if every element is masked.
+    """
+    inner = env.extend(r.rvars)
+    flat = env.shape + (math.prod(inner.shape[len(env.shape):]),)
+    dtype = dtype_of(r) if r.op in ("sum", "prod") else dtype_of(r.body)
+    body = np.broadcast_to(_eval(r.body, inner), inner.shape).reshape(flat).astype(dtype)
+    mask = np.ones(flat, bool) if r.where is None else \
+        np.broadcast_to(_eval(r.where, inner), inner.shape).reshape(flat).astype(bool)
+    init = np.asarray(_identity(r.op, dtype), dtype)
+    values = np.where(mask, body, init)
+    if r.op == "sum":
+        return values.sum(axis=-1, dtype=dtype), None
+    if r.op == "prod":
+        return values.prod(axis=-1, dtype=dtype), None
+    best = (np.max if r.op in ("max", "argmax") else np.min)(values, axis=-1, initial=init)
+    b = best[..., None]
+    hit = mask & ((values == b) | (np.isnan(values) & np.isnan(b)))
+    first = hit.argmax(axis=-1) if hit.shape[-1] else 0  # argmax refuses an empty axis
+    arg = np.where(hit.any(axis=-1), first, -1).astype(np.int64)
+    return (arg if r.op.startswith("arg") else best), arg
+
+
+def _domain(ranges: tuple[Range, ...], buffers: dict[str, np.ndarray]) -> Env:
+    return Env({}, buffers, ()).extend(ranges)
+
+
+def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every Func's buffer by name, in its declared shape and dtype, computed in program order.
+
+    A Func whose `keeps_argindex` also gives `argindex_name(f.name)`: an int64 array of the flat
+    reduction position of the first extremal element, -1 where the reduction is empty. `inputs`
+    holds an array per program input, converted to the declared dtype.
+    """
+    buffers = {b.name: np.asarray(inputs[b.name], b.dtype) for b in program.inputs}
+    for b in program.inputs:
+        if buffers[b.name].shape != b.shape:
+            raise ValueError(f"input {b.name} has shape {buffers[b.name].shape}, expected {b.shape}")
+    out: dict[str, np.ndarray] = {}
+    with np.errstate(all="ignore"):  # untaken branches may divide by zero, take log(-1), ...
+        for f in program.funcs:
+            env = _domain(f.domain, buffers)
+            if isinstance(f.body, Reduce):
+                value, arg = _reduce(f.body, env)
+                if f.keeps_argindex:
+                    out[argindex_name(f.name)] = np.broadcast_to(arg, f.shape).astype(np.int64)
+            else:
+                value = _eval(f.body, env)
+            out[f.name] = buffers[f.name] = np.broadcast_to(value, f.shape).astype(f.dtype)
+    return out
+
+
+def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+    """For every point of s.domain where s.where holds: adj[s.index] += s.value, serially."""
+    env = _domain(s.domain, buffers)
+    mask = np.ones(env.shape, bool) if s.where is None else \
+        np.broadcast_to(_eval(s.where, env), env.shape).astype(bool)
+    value = np.broadcast_to(_eval(s.value, env), env.shape)[mask].astype(adj.dtype)
+    index = [np.broadcast_to(_eval(i, env), env.shape)[mask] for i in s.index]
+    for d, (i, n) in enumerate(zip(index, adj.shape, strict=True)):
+        if i.size and (i.min() < 0 or i.max() >= n):
+            raise InternalError(f"a scatter into adj_{s.buffer} writes dimension {d} at "
+                                f"{i.min()}..{i.max()}, outside 0..{n - 1}")
+    position = np.ravel_multi_index(index, adj.shape) if index else np.zeros(value.shape, np.intp)
+    np.add.at(adj.reshape(-1), position, value)
+
+
+def scatter_adjoints(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
+                     cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{name: gradient} for each name in `wrt`, in that buffer's dtype, by running reverse mode's
+    Scatters as written: adj_B = (cotangent of B if B is an output) + sum of B's scatters.
+
+    `buffers` holds the forward pass: the inputs and what `evaluate` returns (argindex buffers
+    included), e.g. `inputs | evaluate(program, inputs)`; 0-d buffers may come as shape (1,).
+    `cotangents` holds an array per output that `wrt` reaches, keyed by output name. A name in
+    `wrt` that reaches no output gets zeros.
+    """
+    shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
+    shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
+    env_buffers = {k: np.asarray(a).reshape(shapes[k]) if k in shapes else np.asarray(a)
+                   for k, a in buffers.items()}
+    with np.errstate(all="ignore"):
+        for adjoint in reverse_mode(program, wrt):  # outputs first: a scatter reads earlier adjoints
+            adj = np.zeros(adjoint.shape, adjoint.dtype)
+            if adjoint.seeded:
+                if adjoint.buffer not in cotangents:
+                    raise ValueError(f"no cotangent for output {adjoint.buffer}")
+                adj += np.asarray(cotangents[adjoint.buffer]).reshape(adjoint.shape)
+            for s in adjoint.scatters:
+                _scatter(s, adj, env_buffers)
+            env_buffers[adjoint_name(adjoint.buffer)] = adj
+    return {name: env_buffers[adjoint_name(name)].astype(program.buffer(name).dtype) for name in wrt}
+
+
+__all__ = ["evaluate", "scatter_adjoints"]

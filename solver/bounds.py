@@ -1,0 +1,143 @@
+"""Bounds inference (intervals) and proofs that every read of a bounded tensor stays in range."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from halide_ad.errors import BoundsError
+from halide_ad.ir import (Bin, Buffer, Call, Cast, Const, Expr, Func, Load, Op, Range, Reduce, Select,
+                          Var, const)
+from halide_ad.solver.z3_bridge import Query, Unsupported
+from halide_ad.traverse import children, simplify, substitute, walk
+
+Interval = tuple[int, int]  # inclusive
+
+
+def interval(e: Expr, ranges: dict[Var, Interval]) -> Interval | None:
+    """Bounds of an integer expression over boxes of its Vars; None if unknown."""
+    match e:
+        case Const(v, dtype) if not dtype.startswith("float"):
+            return int(v), int(v)
+        case Var():
+            return ranges.get(e)
+        case Cast(_, v):
+            return interval(v, ranges)
+        case Call("neg", (a,)):
+            ia = interval(a, ranges)
+            return None if ia is None else (-ia[1], -ia[0])
+        case Call("abs", (a,)):
+            ia = interval(a, ranges)
+            if ia is None:
+                return None
+            lo, hi = ia
+            return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+        case Bin(Op.MOD, a, Const(k)) if isinstance(k, int) and k > 0:
+            ia = interval(a, ranges)
+            if ia is not None and ia[0] // k == ia[1] // k:
+                return ia[0] % k, ia[1] % k
+            return 0, k - 1
+        case Bin(Op.FLOORDIV, a, Const(k)) if isinstance(k, int) and k > 0:
+            ia = interval(a, ranges)
+            return None if ia is None else (ia[0] // k, ia[1] // k)
+        case Select(_, t, f):
+            it, if_ = interval(t, ranges), interval(f, ranges)
+            return None if it is None or if_ is None else (min(it[0], if_[0]), max(it[1], if_[1]))
+        case Bin(op, a, b) if op in (Op.ADD, Op.SUB, Op.MUL, Op.MIN, Op.MAX):
+            ia, ib = interval(a, ranges), interval(b, ranges)
+            if ia is None or ib is None:
+                return None
+            if op is Op.ADD:
+                return ia[0] + ib[0], ia[1] + ib[1]
+            if op is Op.SUB:
+                return ia[0] - ib[1], ia[1] - ib[0]
+            if op is Op.MIN:
+                return min(ia[0], ib[0]), min(ia[1], ib[1])
+            if op is Op.MAX:
+                return max(ia[0], ib[0]), max(ia[1], ib[1])
+            corners = [x * y for x in ia for y in ib]
+            return min(corners), max(corners)
+    return None
+
+
+def box(domain: tuple[Range, ...]) -> dict[Var, Interval]:
+    return {r.var: (r.lo, r.hi - 1) for r in domain}
+
+
+def func_domain(func: Func) -> tuple[tuple[Range, ...], Expr | None]:
+    """All loop variables of `func` (pure, then reduction) and the reduction's predicate."""
+    if isinstance(func.body, Reduce):
+        return func.domain + func.body.rvars, func.body.where
+    return func.domain, None
+
+
+def guarded_loads(e: Expr, conds: tuple[Expr, ...] = ()) -> Iterator[tuple[Load, tuple[Expr, ...]]]:
+    """Each Load in `e` with the conditions under which it is evaluated (select branches)."""
+    if isinstance(e, Load):
+        yield e, conds
+    if isinstance(e, Select):
+        yield from guarded_loads(e.cond, conds)
+        yield from guarded_loads(e.true, conds + (e.cond,))
+        yield from guarded_loads(e.false, conds + (Call("not", (e.cond,)),))
+        return
+    for c in children(e):
+        yield from guarded_loads(c, conds)
+
+
+def is_data_dependent(e: Expr) -> bool:
+    return any(isinstance(n, Load) for n in walk(e))
+
+
+def check_bounds(func: Func, buffer_of: Callable[[str], Buffer]) -> None:
+    """Raise BoundsError unless every read in `func` is proved in range for every point.
+
+    Reads whose index depends on data are left to the kernel's run-time check.
+    """
+    domain, where = func_domain(func)
+    body = func.body.body if isinstance(func.body, Reduce) else func.body
+    base = (where,) if where is not None else ()
+    ranges = box(domain)
+    for load, conds in guarded_loads(body, base):
+        shape = buffer_of(load.buffer).shape
+        for d, (e, n) in enumerate(zip(load.index, shape, strict=True)):
+            if is_data_dependent(e):
+                continue
+            iv = interval(e, ranges)
+            if iv is not None and 0 <= iv[0] and iv[1] < n:
+                continue
+            example = _counterexample(e, n, domain, conds)
+            if example is not None:
+                raise BoundsError(_bounds_message(load, d, n, example, func), load.loc or func.loc)
+
+
+def _counterexample(e: Expr, n: int, domain, conds) -> dict[str, int] | None:
+    """A point of the domain where `e` leaves [0, n), or None once z3 proves there is none."""
+    q = Query()
+    try:
+        for r in domain:
+            x = q.var(r.var)
+            q.add(r.lo <= x, x < r.hi)
+        for c in conds:
+            q.add(q.to_z3(c))
+        value = q.to_z3(e)
+    except Unsupported:
+        return {}  # cannot prove it: refuse rather than risk reading outside the buffer
+    q.add(q.either(value < 0, value >= n))
+    result = q.check()
+    if result == "unsat":
+        return None
+    return q.model_values([r.var for r in domain]) if result == "sat" else {}
+
+
+def _bounds_message(load: Load, dim: int, n: int, example: dict[str, int], func: Func) -> str:
+    if example:
+        env = {Var(k): const(v) for k, v in example.items()}
+        bad = simplify(substitute(load.index[dim], env))
+        at = ", ".join(f"{k} = {v}" for k, v in example.items())
+        where = f" reads index {bad} of dimension {dim} of {load.buffer} (valid: 0..{n - 1}) when {at}"
+    else:
+        where = (f" may read outside dimension {dim} of {load.buffer} (valid: 0..{n - 1}); "
+                 "halide_ad could not prove it stays in range")
+    out_shape = func.shape
+    return (f"{load}{where}.\n"
+            f"    Read through a boundary view, e.g. c = hd.repeat_edge({load.buffer}) and index c "
+            f"instead, or hd.constant_exterior / hd.mirror; or shrink the output (now {out_shape}) "
+            "so that every read stays inside.")

@@ -1,0 +1,379 @@
+"""The index inverter: a scatter `adj_B[index(i)] += value(i)` over a domain becomes a gather
+`adj_B[j] = sum over {i : index(i) == j} of value(i)`, one writer per j.
+
+A worked example (Halide's Derivative.cpp does this). The forward pass reads x[2*i + 1] for
+0 <= i < n, so reverse mode produces
+
+    adj_x[2*i + 1] += adj_out[i]                        (a scatter: racy in parallel)
+
+Solving j == 2*i + 1 gives i == (j - 1) // 2, guarded by (j - 1) % 2 == 0 and 0 <= i < n:
+
+    adj_x[j] = adj_out[(j - 1) // 2] if guard else 0    (a gather: one writer per j)
+
+The ladder: affine indices are solved exactly, picking one pivot variable per index dimension
+(preferring unit coefficients and long loops); the variables left over (reduction windows,
+broadcast dimensions, div/mod remainders) become small loops whose bounds come from the domain.
+Clamps, min/max, select and abs split the domain into pieces that are each affine. Every piece
+is checked by z3 (both directions: the gather enumerates exactly the preimage) before use.
+Whatever cannot be inverted or proved becomes a `Fallback` scatter, parallel over a loop variable
+that z3 proves gives distinct write addresses.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+from halide_ad.ir import Bin, Call, Const, Expr, Op, Range, Scatter, Select, Var, const
+from halide_ad.solver.affine import Affine, Constraint, Linearizer
+from halide_ad.solver.bounds import box, interval
+from halide_ad.solver.z3_bridge import Query, Unsupported
+from halide_ad.traverse import simplify, substitute
+
+MAX_PIECES = 256
+
+
+@dataclass(frozen=True)
+class GatherPiece:
+    """acc += value at every point of `loops` (outermost first) where the guards hold.
+
+    guards[0] are tested before any loop, guards[d] inside loop d.
+    """
+    loops: tuple[Range, ...]
+    guards: tuple[tuple[Expr, ...], ...]
+    value: Expr
+    solution: tuple[tuple[Var, Expr], ...]
+
+
+@dataclass(frozen=True)
+class Gather:
+    scatter: Scatter
+    new_vars: tuple[Var, ...]
+    pieces: tuple[GatherPiece, ...]
+
+    @property
+    def form(self) -> str:
+        return "gather-window" if any(p.loops for p in self.pieces) else "gather"
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A scatter kept as a scatter: parallel over `parallel` (proved injective) if not None."""
+    scatter: Scatter
+    reason: str
+    parallel: Var | None
+
+    @property
+    def form(self) -> str:
+        return "scatter-parallel" if self.parallel is not None else "scatter-serial"
+
+
+_cache: dict = {}
+_cache_lock = threading.Lock()
+
+
+def invert(scatter: Scatter, shape: tuple[int, ...], new_vars: tuple[Var, ...]) -> Gather | Fallback:
+    """The gather form of `scatter` into a buffer of `shape`, over `new_vars`, else a Fallback."""
+    key = (scatter, shape, new_vars)
+    with _cache_lock:
+        if key in _cache:
+            return _cache[key]
+    result = _invert(scatter, shape, new_vars)
+    if isinstance(result, str):
+        result = Fallback(scatter, result, parallel_var(scatter))
+    with _cache_lock:
+        _cache[key] = result
+    return result
+
+
+def _invert(scatter: Scatter, shape, js) -> Gather | str:
+    pieces = _index_pieces(scatter.index)
+    if isinstance(pieces, str):
+        return pieces
+    out = []
+    for index, preds in pieces:
+        piece = _invert_piece(scatter, index, preds, shape, js)
+        if isinstance(piece, str):
+            return piece
+        if piece is not None:
+            out.append(piece)
+    return Gather(scatter, js, tuple(out))
+
+
+# ---- piecewise indices --------------------------------------------------------------------------
+
+def _pieces_of(e: Expr) -> list[tuple[Expr, list[Expr]]]:
+    """`e` as (affine-candidate expression, predicates) pairs that partition the domain."""
+    match e:
+        case Bin(Op.MIN | Op.MAX as op, a, b):
+            out = []
+            first_if, second_if = (Op.LE, Op.GT) if op is Op.MIN else (Op.GE, Op.LT)
+            for ea, pa in _pieces_of(a):
+                for eb, pb in _pieces_of(b):
+                    out.append((ea, pa + pb + [Bin(first_if, ea, eb)]))
+                    out.append((eb, pa + pb + [Bin(second_if, ea, eb)]))
+            return out
+        case Select(c, t, f):
+            return ([(et, pt + [c]) for et, pt in _pieces_of(t)]
+                    + [(ef, pf + [Call("not", (c,))]) for ef, pf in _pieces_of(f)])
+        case Call("abs", (a,)):
+            return [x for ea, pa in _pieces_of(a)
+                    for x in ((ea, pa + [Bin(Op.GE, ea, const(0))]),
+                              (Call("neg", (ea,)), pa + [Bin(Op.LT, ea, const(0))]))]
+        case Call("neg", (a,)):
+            return [(Call("neg", (ea,)), pa) for ea, pa in _pieces_of(a)]
+        case Bin(op, a, b):
+            return [(Bin(op, ea, eb), pa + pb) for ea, pa in _pieces_of(a) for eb, pb in _pieces_of(b)]
+    return [(e, [])]
+
+
+def _index_pieces(index: tuple[Expr, ...]) -> list[tuple[tuple[Expr, ...], list[Expr]]] | str:
+    combos: list[tuple[tuple[Expr, ...], list[Expr]]] = [((), [])]
+    for e in index:
+        combos = [(idx + (pe,), preds + pp) for idx, preds in combos for pe, pp in _pieces_of(e)]
+        if len(combos) > MAX_PIECES:
+            return f"the index splits into more than {MAX_PIECES} affine pieces"
+    return combos
+
+
+def _split_and(e: Expr | None) -> list[Expr]:
+    if e is None:
+        return []
+    if isinstance(e, Bin) and e.op is Op.AND:
+        return _split_and(e.lhs) + _split_and(e.rhs)
+    return [e]
+
+
+# ---- one affine piece ---------------------------------------------------------------------------
+
+def _invert_piece(scatter: Scatter, index, preds, shape, js) -> GatherPiece | str | None:
+    """The gather of one piece, None if the piece is empty, or why it cannot be inverted."""
+    domain = scatter.domain
+    lin = Linearizer(box(domain))
+    index_aff = []
+    for e in index:
+        a = lin.affine(e)
+        if a is None:
+            return f"the index `{e}` is not affine in the loop variables (data-dependent or non-linear)"
+        index_aff.append(a)
+    constraints: list[Constraint] = []
+    runtime_guards: list[Expr] = []
+    linear_preds: list[Expr] = []
+    for pred in preds + _split_and(scatter.where):
+        cs = lin.constraints(pred)
+        if cs is None:
+            runtime_guards.append(pred)
+        else:
+            constraints += cs
+            linear_preds.append(pred)
+    if not _feasible(domain, linear_preds):
+        return None
+    unknowns = [r.var for r in domain] + list(lin.definitions)
+    for v in unknowns:
+        lo, hi = lin.ranges[v]
+        constraints += [Constraint("ge", Affine.var(v) - Affine.of({}, lo)),
+                        Constraint("ge", Affine.of({}, hi) - Affine.var(v))]
+    equations = [a - Affine.var(j) for a, j in zip(index_aff, js, strict=True)] + lin.equations
+    pivots, constraints = _solve(equations, constraints, unknowns, lin.ranges)
+    free = [v for v in unknowns if v not in pivots]
+    built = _loops(free, constraints, {j: (0, n - 1) for j, n in zip(js, shape, strict=True)})
+    if built is None:
+        return None
+    loops, guards = built
+    solution = {p: (num.to_expr() if den == 1 else Bin(Op.FLOORDIV, num.to_expr(), const(den)))
+                for p, (num, den) in pivots.items() if p in {r.var for r in domain}}
+    solution = {p: simplify(e) for p, e in solution.items()}
+    checked = GatherPiece(tuple(loops), tuple(tuple(g) for g in guards),
+                          simplify(substitute(scatter.value, solution)), tuple(solution.items()))
+    problem = _verify(scatter, linear_preds, checked, shape, js, free, lin)
+    if problem:
+        return problem
+    # Predicates that are not linear (data-dependent ones, like a max's argindex) are tested at
+    # the solution point, exactly where the scatter would have tested them.
+    guards[-1] += [simplify(substitute(g, solution)) for g in runtime_guards]
+    return GatherPiece(checked.loops, tuple(tuple(g) for g in guards), checked.value, checked.solution)
+
+
+def _solve(equations, constraints, unknowns, ranges):
+    """Eliminate one pivot per equation: pivot = num / den, with num % den == 0 as a constraint."""
+    pivots: dict[Var, tuple[Affine, int]] = {}
+    order = {v: k for k, v in enumerate(unknowns)}
+    for eq in equations:
+        for p, (num, den) in pivots.items():
+            eq = eq.substitute(p, num, den)
+        candidates = [v for v in eq.vars if v in order and v not in pivots]
+        if not candidates:
+            constraints.append(Constraint("eq", eq))
+            continue
+        p = max(candidates, key=lambda v: (abs(eq.coeff(v)) == 1, ranges[v][1] - ranges[v][0], -order[v]))
+        a = eq.coeff(p)
+        num = (eq - Affine.var(p).scale(a)).scale(-1)
+        den = a
+        if den < 0:
+            num, den = num.scale(-1), -den
+        pivots = {q: ((nq.substitute(p, num, den), dq * den) if nq.coeff(p) else (nq, dq))
+                  for q, (nq, dq) in pivots.items()}
+        constraints = [Constraint(c.kind, c.aff.substitute(p, num, den), c.modulus * (den if c.aff.coeff(p) else 1))
+                       for c in constraints]
+        pivots[p] = (num, den)
+        if den != 1:
+            constraints.append(Constraint("mod", num, den))
+    return pivots, [_normalize(c) for c in constraints]
+
+
+def _normalize(c: Constraint) -> Constraint:
+    g = math.gcd(*(k for _, k in c.aff.coeffs)) if c.aff.coeffs else 0
+    if c.kind == "mod":
+        g = math.gcd(g, c.aff.const, c.modulus)
+        return Constraint("mod", Affine.of({v: k // g for v, k in c.aff.coeffs}, c.aff.const // g), c.modulus // g) \
+            if g > 1 else c
+    if g <= 1:
+        return c
+    if c.kind == "eq" and c.aff.const % g:
+        return Constraint("ge", Affine.of({}, -1))  # no integer solution
+    return Constraint(c.kind, Affine.of({v: k // g for v, k in c.aff.coeffs}, c.aff.const // g))
+
+
+def _loops(free: list[Var], constraints: list[Constraint], params: dict[Var, tuple[int, int]]):
+    """Loop ranges for the free variables and the guards at each depth; None if provably empty.
+
+    `params` are the gather's own variables j with their ranges; a guard that their ranges
+    already imply is dropped, and so is a loop bound that another bound dominates.
+    """
+    depth = {f: d + 1 for d, f in enumerate(free)}
+    guards: list[list[Expr]] = [[] for _ in range(len(free) + 1)]
+    lower: dict[Var, list[Expr]] = {f: [] for f in free}
+    upper: dict[Var, list[Expr]] = {f: [] for f in free}
+    for c in constraints:
+        if c.kind == "mod" and c.modulus == 1:
+            continue
+        if not c.aff.coeffs:
+            holds = {"ge": c.aff.const >= 0, "eq": c.aff.const == 0, "mod": c.aff.const % max(c.modulus, 1) == 0}
+            if not holds[c.kind]:
+                return None
+            continue
+        d = max((depth[v] for v in c.aff.vars if v in depth), default=0)
+        if c.kind == "ge" and d > 0:
+            f = free[d - 1]
+            k = c.aff.coeff(f)
+            rest = c.aff - Affine.var(f).scale(k)
+            if k > 0:  # k*f + rest >= 0  <=>  f >= ceil(-rest / k) == -(rest // k)
+                lower[f].append(rest.scale(-1).to_expr() if k == 1 else
+                                Call("neg", (Bin(Op.FLOORDIV, rest.to_expr(), const(k)),)))
+            else:  # f <= floor(rest / -k)
+                upper[f].append(Bin(Op.ADD, rest.to_expr() if k == -1 else
+                                    Bin(Op.FLOORDIV, rest.to_expr(), const(-k)), const(1)))
+        elif not (c.kind == "ge" and d == 0 and c.aff.vars <= params.keys() and c.aff.bounds(params)[0] >= 0):
+            guards[d].append(c.to_expr())
+    loops = []
+    for f in free:
+        lo = _fold(Op.MAX, lower[f], params)
+        hi = _fold(Op.MIN, upper[f], params)
+        loops.append(Range(f, lo, hi))
+    return loops, guards
+
+
+def _fold(op: Op, terms: list[Expr], params) -> Expr:
+    """max (or min) of `terms`, less those that another term dominates over the params' box."""
+    terms = list(dict.fromkeys(simplify(t) for t in terms))
+    spans = {t: interval(t, params) for t in terms}
+
+    def dominates(a: Expr, b: Expr) -> bool:
+        sa, sb = spans[a], spans[b]
+        if sa is None or sb is None:
+            return False
+        return sa[0] >= sb[1] if op is Op.MAX else sa[1] <= sb[0]
+
+    keep = list(terms)
+    for t in terms:
+        if any(o is not t and dominates(o, t) for o in keep) and len(keep) > 1:
+            keep.remove(t)
+    out = keep[0]
+    for t in keep[1:]:
+        out = Bin(op, out, t)
+    return out
+
+
+# ---- z3 checks ----------------------------------------------------------------------------------
+
+def _feasible(domain, preds: list[Expr]) -> bool:
+    if not preds:
+        return True
+    q = Query()
+    try:
+        for r in domain:
+            x = q.var(r.var)
+            q.add(r.lo <= x, x < r.hi)
+        for p in preds:
+            q.add(q.to_z3(p))
+    except Unsupported:
+        return True
+    return q.check() != "unsat"
+
+
+def _verify(scatter, linear_preds, piece: GatherPiece, shape, js, free, lin) -> str | None:
+    """Prove the piece enumerates exactly the domain points it covers; a message if not."""
+    solution = dict(piece.solution)
+    domain_vars = [r.var for r in scatter.domain]
+    all_guards = [g for level in piece.guards for g in level]
+    try:
+        # Completeness: every covered domain point v is produced, at j = index(v).
+        q = Query()
+        v = {x: q.var(x) for x in domain_vars}
+        for r in scatter.domain:
+            q.add(r.lo <= v[r.var], v[r.var] < r.hi)
+        for p in linear_preds:
+            q.add(q.to_z3(p))
+        env = {j: q.to_z3(e) for j, e in zip(js, scatter.index, strict=True)}
+        for f in free:
+            env[f] = v[f] if f in v else q.to_z3(lin.definitions[f])
+        claims = [q.to_z3(g, env) for g in all_guards]
+        for loop in piece.loops:
+            x = env[loop.var]
+            claims += [q.to_z3(loop.lo, env) <= x, x < q.to_z3(loop.hi, env)]
+        claims += [q.to_z3(e, env) == v[p] for p, e in solution.items()]
+        complete = q.refute(claims)
+        # Soundness: every produced point is a covered domain point with index(v) == j.
+        q2 = Query()
+        env2 = {j: q2.var(j) for j in js}
+        for j, n in zip(js, shape, strict=True):
+            q2.add(0 <= env2[j], env2[j] < n)
+        for f in free:
+            env2[f] = q2.var(f)
+        for g in all_guards:
+            q2.add(q2.to_z3(g, env2))
+        for loop in piece.loops:
+            x = env2[loop.var]
+            q2.add(q2.to_z3(loop.lo, env2) <= x, x < q2.to_z3(loop.hi, env2))
+        point = {x: (q2.to_z3(solution[x], env2) if x in solution else env2[x]) for x in domain_vars}
+        claims2 = [lo_ok for r in scatter.domain for lo_ok in (r.lo <= point[r.var], point[r.var] < r.hi)]
+        claims2 += [q2.to_z3(p, point) for p in linear_preds]
+        claims2 += [q2.to_z3(e, point) == env2[j] for j, e in zip(js, scatter.index, strict=True)]
+        claims2 += [env2[f] == q2.to_z3(lin.definitions[f], point) for f in free if f not in point]
+        sound = q2.refute(claims2)
+    except Unsupported as e:
+        return f"z3 cannot check the inverse: {e}"
+    if complete == "unsat" and sound == "unsat":
+        return None
+    if "unknown" in (complete, sound):
+        return "z3 could not decide the inverse within its time limit"
+    return "z3 found the candidate inverse wrong (a bug in halide_ad's solver; falling back to a scatter)"
+
+
+def parallel_var(scatter: Scatter) -> Var | None:
+    """A domain variable whose iterations write disjoint addresses (z3-proved), longest first."""
+    for r in sorted(scatter.domain, key=lambda r: -(r.hi - r.lo)):
+        q = Query()
+        try:
+            a = {x.var: q.var(x.var) for x in scatter.domain}
+            b = {x.var: q.var(x.var, "_other") for x in scatter.domain}
+            for x in scatter.domain:
+                q.add(x.lo <= a[x.var], a[x.var] < x.hi, x.lo <= b[x.var], b[x.var] < x.hi)
+            q.add(a[r.var] != b[r.var])
+            for e in scatter.index:
+                q.add(q.to_z3(e, a) == q.to_z3(e, b))
+        except Unsupported:
+            return None
+        if q.check() == "unsat":
+            return r.var
+    return None

@@ -1,0 +1,121 @@
+"""IR -> z3, and the three-valued queries the solver asks. The only module that imports z3.
+
+z3 spells integer division `/`, and it matches Python's `//` and `%` only for positive divisors;
+any other divisor is refused (Unsupported), never guessed.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import z3
+
+from halide_ad.ir import Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of
+
+DEFAULT_TIMEOUT_MS = 2_000
+
+
+class Unsupported(Exception):
+    """The expression has no exact z3 counterpart (floats, a non-constant divisor, ...)."""
+
+
+@dataclass
+class Query:
+    """One z3 context and solver, with an Int per Var; integer Loads are uninterpreted functions."""
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+
+    def __post_init__(self):
+        self.ctx = z3.Context()
+        self.solver = z3.Solver(ctx=self.ctx)
+        self.solver.set(timeout=self.timeout_ms)
+        self.vars: dict[Var, z3.ArithRef] = {}
+        self.functions: dict[str, z3.FuncDeclRef] = {}
+
+    def var(self, v: Var, suffix: str = "") -> z3.ArithRef:
+        key = Var(v.name + suffix) if suffix else v
+        if key not in self.vars:
+            self.vars[key] = z3.Int(key.name, self.ctx)
+        return self.vars[key]
+
+    def add(self, *constraints) -> None:
+        self.solver.add(*constraints)
+
+    def either(self, *conditions):
+        return z3.Or(*conditions)
+
+    def refute(self, claims: list) -> str:
+        """'unsat' when every claim holds under the constraints added so far."""
+        if not claims:
+            return "unsat"
+        self.solver.add(z3.Or(*(z3.Not(c) for c in claims)))
+        return self.check()
+
+    def check(self) -> str:
+        """'sat', 'unsat' or 'unknown'."""
+        return str(self.solver.check())
+
+    def model_values(self, names: Iterable[Var]) -> dict[str, int]:
+        model = self.solver.model()
+        return {v.name: model.eval(self.vars[v], model_completion=True).as_long()
+                for v in names if v in self.vars}
+
+    def to_z3(self, e: Expr, rename: dict[Var, z3.ArithRef] | None = None):
+        rename = rename or {}
+
+        def go(n: Expr):
+            match n:
+                case Const(v, "bool"):
+                    return z3.BoolVal(bool(v), self.ctx)
+                case Const(v, dtype) if not dtype.startswith("float"):
+                    return z3.IntVal(int(v), self.ctx)
+                case Var():
+                    return rename[n] if n in rename else self.var(n)
+                case Bin(Op.ADD, a, b):
+                    return go(a) + go(b)
+                case Bin(Op.SUB, a, b):
+                    return go(a) - go(b)
+                case Bin(Op.MUL, a, b):
+                    return go(a) * go(b)
+                case Bin(Op.FLOORDIV | Op.MOD as op, a, Const(k)) if isinstance(k, int) and k > 0:
+                    return go(a) / k if op is Op.FLOORDIV else go(a) % k
+                case Bin(Op.MIN, a, b):
+                    x, y = go(a), go(b)
+                    return z3.If(x <= y, x, y)
+                case Bin(Op.MAX, a, b):
+                    x, y = go(a), go(b)
+                    return z3.If(x >= y, x, y)
+                case Bin(Op.EQ, a, b):
+                    return go(a) == go(b)
+                case Bin(Op.NE, a, b):
+                    return go(a) != go(b)
+                case Bin(Op.LT, a, b):
+                    return go(a) < go(b)
+                case Bin(Op.LE, a, b):
+                    return go(a) <= go(b)
+                case Bin(Op.GT, a, b):
+                    return go(a) > go(b)
+                case Bin(Op.GE, a, b):
+                    return go(a) >= go(b)
+                case Bin(Op.AND, a, b):
+                    return z3.And(go(a), go(b))
+                case Bin(Op.OR, a, b):
+                    return z3.Or(go(a), go(b))
+                case Call("not", (a,)):
+                    return z3.Not(go(a))
+                case Call("neg", (a,)):
+                    return -go(a)
+                case Call("abs", (a,)):
+                    x = go(a)
+                    return z3.If(x >= 0, x, -x)
+                case Select(c, t, f):
+                    return z3.If(go(c), go(t), go(f))
+                case Cast(dtype, v) if not dtype.startswith("float") and not dtype_of(v).startswith("float"):
+                    return go(v)
+                case Load(buffer, index, dtype) if not dtype.startswith("float") and dtype != "bool":
+                    if buffer not in self.functions:
+                        sorts = [z3.IntSort(self.ctx)] * (len(index) + 1)
+                        self.functions[buffer] = z3.Function(f"load_{buffer}", *sorts)
+                    return self.functions[buffer](*(go(i) for i in index))
+            raise Unsupported(f"no exact integer meaning in z3 for `{n}`")
+
+        return go(e)
