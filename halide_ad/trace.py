@@ -1,6 +1,7 @@
 """Tracing state: what one `@hd.func` trace has built so far (thread-local, so threads can trace)."""
 from __future__ import annotations
 
+import builtins
 import itertools
 import keyword
 import threading
@@ -26,7 +27,7 @@ class TraceState:
     def fresh_name(self, base: str) -> str:
         """A Python identifier, unique in this trace, that reads like `base`."""
         base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or "f"
-        if base[0].isdigit() or keyword.iskeyword(base) or base in ("np", "math", "numba"):
+        if base[0].isdigit() or keyword.iskeyword(base) or base in _GENERATED_CODE_NAMES:
             base = "f_" + base
         name, k = base, 1
         while name in self.names:
@@ -43,6 +44,10 @@ class TraceState:
                 return f.buffer
         raise KeyError(name)
 
+
+# Names that generated kernels use for themselves, so no buffer may take them.
+_GENERATED_CODE_NAMES = set(vars(builtins)) | {"np", "math", "numba", "njit", "prange", "checked",
+                                               "status", "acc", "arg", "val", "forward", "backward"}
 
 _local = threading.local()
 

@@ -37,7 +37,7 @@ def checked(i, n, status, which):
 '''
 
 # A kernel whose stages are too small to split across threads runs serially: no warning needed.
-warnings.filterwarnings("ignore", category=numba.NumbaPerformanceWarning, message=".*parallel=True.*")
+warnings.filterwarnings("ignore", category=numba.NumbaPerformanceWarning, message="(?s).*parallel=True")
 
 _lock = threading.Lock()
 _loaded: dict[str, object] = {}

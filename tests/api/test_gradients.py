@@ -1,0 +1,113 @@
+"""Gradients against float64 central finite differences, and against PyTorch where it has the op."""
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from tests import programs as P
+
+
+@pytest.mark.parametrize("view", list(P.VIEWS))
+def test_blur_1d_and_2d_under_each_view(view, rng):
+    hd.check_grad(P.blur1d, rng.random(6), view)
+    hd.check_grad(P.blur2d, rng.random((5, 6)), view)
+
+
+def test_blur_boundary_pixels_exact():
+    """repeat_edge sends the gradient of the pixels beyond the edge to the edge pixel."""
+    _, f_vjp = hd.vjp(P.blur1d, np.zeros(4), "repeat_edge")
+    (g, _) = f_vjp(np.array([1.0, 0.0, 0.0, 0.0]))
+    np.testing.assert_allclose(g, [0.75, 0.25, 0.0, 0.0])  # c[-1] -> x[0]: 1/4 + 2/4
+    _, f_vjp = hd.vjp(P.blur1d, np.zeros(4), "mirror")
+    (g, _) = f_vjp(np.array([1.0, 0.0, 0.0, 0.0]))
+    np.testing.assert_allclose(g, [0.5, 0.5, 0.0, 0.0])  # c[-1] reads x[1]
+
+
+def test_conv2d_maxpool_dense_softmax_chain(rng):
+    hd.check_grad(P.conv2d, rng.standard_normal((2, 3, 6, 7)), rng.standard_normal((4, 3, 3, 2)))
+    hd.check_grad(P.maxpool2, rng.standard_normal((2, 3, 6, 8)))
+    hd.check_grad(P.dense, rng.standard_normal((3, 5)), rng.standard_normal((5, 4)), rng.standard_normal(4))
+    hd.check_grad(P.softmax, rng.standard_normal((3, 6)))
+    hd.check_grad(P.chain, rng.standard_normal(7))
+
+
+def test_two_stage_pipeline_and_fan_out(rng):
+    hd.check_grad(P.blur_pool, rng.standard_normal((6, 8)))
+    hd.check_grad(P.fan_out, rng.standard_normal(6))
+
+
+def test_taylor_remainder_shrinks_quadratically(rng):
+    """|f(x+ht) - f(x) - h<g,t>| falls ~100x when h falls 10x: no tolerance to tune."""
+    loss = lambda x, w: hd.sum(P.conv2d(x, w) ** 2)  # noqa: E731
+    x, w = rng.standard_normal((1, 2, 5, 5)), rng.standard_normal((3, 2, 3, 3))
+    t = rng.standard_normal(x.shape)
+    f0, g = hd.value_and_grad(loss)(x, w)
+    f = hd.func(loss)
+    rem = [abs(f(x + h * t, w) - f0 - h * np.vdot(g, t)) for h in (1e-2, 1e-3)]
+    assert 50 < rem[0] / rem[1] < 200
+
+
+def test_maxpool_ties_go_to_first_element():
+    x = np.ones((1, 1, 2, 2))
+    _, f_vjp = hd.vjp(P.maxpool2, x)
+    np.testing.assert_array_equal(f_vjp(np.ones((1, 1, 1, 1)))[0], [[[[1.0, 0.0], [0.0, 0.0]]]])
+
+
+def test_maximum_splits_ties_and_relu_abs_are_zero_at_zero():
+    f = hd.func(lambda a, b: hd.maximum(a, b) + hd.relu(a) + hd.abs(b))
+    _, f_vjp = hd.vjp(f, np.array([0.0, 1.0]), np.array([0.0, 2.0]))
+    ga, gb = f_vjp(np.ones(2))
+    np.testing.assert_array_equal(ga, [0.5, 1.0])
+    np.testing.assert_array_equal(gb, [0.5, 2.0])
+
+
+def test_grad_argnums_dtypes_and_vjp_structure(rng):
+    x32 = rng.random((4, 5)).astype(np.float32)
+    g = hd.grad(lambda im: hd.sum(P.blur3(im) ** 2))(x32)
+    assert g.dtype == np.float32 and g.shape == x32.shape
+    a, w, b = rng.random((2, 3)), rng.random((3, 2)), rng.random(2)
+    gw, gb = hd.grad(lambda a, w, b: hd.sum(P.dense(a, w, b)), argnums=(1, 2))(a, w, b)
+    np.testing.assert_allclose(gb, [2.0, 2.0])
+    np.testing.assert_allclose(gw, np.repeat(a.sum(axis=0)[:, None], 2, axis=1))
+    out, f_vjp = hd.vjp(P.blur3, rng.random((3, 3)), "mirror")
+    grads = f_vjp(np.ones_like(out))
+    assert len(grads) == 2 and grads[1] is None
+
+
+def test_several_outputs_and_integer_arguments(rng):
+    @hd.func
+    def two(x, idx):
+        return {"gathered": hd.compute(idx.shape, lambda i: x[idx[i]] * 2.0), "total": hd.sum(x)}
+    x, idx = rng.random(5), np.array([0, 3, 3, 1])
+    out, f_vjp = hd.vjp(two, x, idx)
+    gx, gidx = f_vjp({"gathered": np.ones(4), "total": np.array(10.0)})
+    assert gidx is None
+    np.testing.assert_allclose(gx, [12.0, 12.0, 10.0, 14.0, 10.0])
+
+
+def test_prod_gradient_with_zeros():
+    g = hd.grad(lambda x: hd.prod(x))(np.array([2.0, 0.0, 3.0]))
+    np.testing.assert_allclose(g, [0.0, 6.0, 0.0])
+
+
+def test_against_torch(rng):
+    torch = pytest.importorskip("torch")
+    x, w = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, 3, 3))
+    ct = rng.standard_normal((2, 4, 5, 4))
+    _, f_vjp = hd.vjp(P.conv2d, x, w)
+    dx, dw = f_vjp(ct)
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tx, tw = torch.autograd.grad(torch.nn.functional.conv2d(xt, wt), (xt, wt), torch.tensor(ct))
+    np.testing.assert_allclose(dx, tx.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dw, tw.numpy(), rtol=1e-10, atol=1e-12)
+    x = rng.standard_normal((2, 3, 6, 8))
+    ct = rng.standard_normal((2, 3, 3, 4))
+    _, f_vjp = hd.vjp(P.maxpool2, x)
+    xt = torch.tensor(x, requires_grad=True)
+    (tx,) = torch.autograd.grad(torch.nn.functional.max_pool2d(xt, 2), (xt,), torch.tensor(ct))
+    np.testing.assert_array_equal(f_vjp(ct)[0], tx.numpy())
+    s = rng.standard_normal((3, 6))
+    ct = rng.standard_normal((3, 6))
+    _, f_vjp = hd.vjp(P.softmax, s)
+    st = torch.tensor(s, requires_grad=True)
+    (ts,) = torch.autograd.grad(torch.softmax(st, dim=1), (st,), torch.tensor(ct))
+    np.testing.assert_allclose(f_vjp(ct)[0], ts.numpy(), rtol=1e-10, atol=1e-12)
