@@ -133,21 +133,25 @@ def _span(e: ir.Expr) -> tuple[int, int] | None:
 
 
 def _repeat_edge_index(e: ir.Expr, n: int) -> ir.Expr:
-    """clamp(e, 0, n - 1), with only the sides that `e` can actually cross."""
-    if n == 1:
-        return ir.const(0)
+    """clamp(e, 0, n - 1), with only the sides that `e` can actually cross.
+
+    The variables of `e` stay in the result even when it is constant (n == 1): a reduction over
+    them still counts every point, as the user wrote it.
+    """
+    if isinstance(e, ir.Const):
+        return ir.const(min(max(e.value, 0), n - 1))
     span = _span(e) or (-1, n)
     if span[0] < 0:
-        e = ir.Bin(ir.Op.MAX, e, ir.const(0)) if span[1] >= 0 else ir.const(0)
+        e = ir.Bin(ir.Op.MAX, e, ir.const(0))
     if span[1] > n - 1:
-        e = ir.Bin(ir.Op.MIN, e, ir.const(n - 1)) if span[0] <= n - 1 else ir.const(n - 1)
+        e = ir.Bin(ir.Op.MIN, e, ir.const(n - 1))
     return e
 
 
 def _mirror_index(e: ir.Expr, n: int) -> ir.Expr:
     """numpy's 'reflect' (Halide's mirror_interior): n-1 - |n-1 - (|e| mod 2(n-1))|."""
     if n == 1:
-        return ir.const(0)
+        return _repeat_edge_index(e, 1)
     if isinstance(e, ir.Const):
         period = 2 * (n - 1)
         return ir.const(n - 1 - abs(n - 1 - abs(e.value) % period))
@@ -247,9 +251,13 @@ def _lift_reductions(state: TraceState, body: ir.Expr, fvars, fname: str) -> ir.
     `hd.compute(s, lambda i, j: x[i, j] - hd.max(x[i, r]))` becomes `m[i] = max(x[i, r] ...)`
     and `out[i, j] = x[i, j] - m[i]`, so every Func is pointwise or one reduction.
     """
+    lifted: dict[ir.Reduce, ir.Load] = {}  # hd.relu(hd.sum(...)) holds its sum twice: lift it once
+
     def lift(node: ir.Expr) -> ir.Expr | None:
         if not isinstance(node, ir.Reduce) or node is root:
             return None
+        if node in lifted:
+            return lifted[node]
         used = free_vars(node)
         order = list(fvars) + [v for v in state.var_ranges if v not in fvars]
         lvars = [v for v in order if v in used]
@@ -260,7 +268,8 @@ def _lift_reductions(state: TraceState, body: ir.Expr, fvars, fname: str) -> ir.
         func = add_func(state, ir.Func(lname, tuple(lvars), tuple(r.extent for r in ranges), lbody,
                                        ir.dtype_of(lbody), node.loc))
         index = tuple(ir.Bin(ir.Op.SUB, v, ir.const(r.lo)) if r.lo else v for v, r in zip(lvars, ranges, strict=True))
-        return ir.Load(func.name, index, func.dtype, node.loc)
+        lifted[node] = ir.Load(func.name, index, func.dtype, node.loc)
+        return lifted[node]
 
     root = body if isinstance(body, ir.Reduce) else None
     return rewrite(body, lift)

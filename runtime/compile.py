@@ -6,6 +6,7 @@ Each kernel's source is written once to `<cache dir>/k_<hash>.py` and compiled b
 from __future__ import annotations
 
 import hashlib
+import math
 import importlib
 import os
 import sys
@@ -55,8 +56,29 @@ def _version_salt() -> str:
     return f"{__version__}|{numba.__version__}|{np.__version__}|{sys.version_info[:2]}"
 
 
+def jit_enabled() -> bool:
+    """HALIDE_AD_JIT=0 runs the generated Python as plain Python (slow; to debug kernels)."""
+    return os.environ.get("HALIDE_AD_JIT", "1") != "0"
+
+
+def _checked(i, n, status, which):
+    if i < 0 or i >= n:
+        status[0], status[1], status[2] = 1, which, i
+        return 0
+    return i
+
+
+def interpret_kernel(source: str, entry: str, title: str):
+    """`entry` from `source` as a plain Python function: the same code, without numba."""
+    namespace = {"np": np, "math": math, "prange": range, "checked": _checked}
+    exec(compile(source, f"<halide_ad:{title}>", "exec"), namespace)
+    return namespace[entry]
+
+
 def compile_kernel(source: str, entry: str, title: str):
     """The numba function `entry` defined in `source` (compiled on first call, then cached)."""
+    if not jit_enabled():
+        return interpret_kernel(source, entry, title)
     text = HEADER.format(title=title) + source.replace(f"def {entry}(", f"@njit(parallel=True, cache=True)\ndef {entry}(", 1)
     digest = hashlib.sha256((_version_salt() + text).encode()).hexdigest()[:24]
     with _lock:

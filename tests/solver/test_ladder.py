@@ -6,6 +6,8 @@ with small inputs. Every case gets a structural test (every adjoint contribution
 `gather-window`) and a finite-difference test in float64; where PyTorch has the op, its forward
 result and gradient are compared with PyTorch's as well.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,7 @@ GATHER_FORMS = {"gather", "gather-window"}
 @hd.func
 def conv(x, w, stride=1, dilation=1, groups=1):
     """NCHW convolution with stride, dilation and groups; w is (K, C // groups, R, S)."""
-    N, C, H, W = x.shape
+    N, _, H, W = x.shape
     K, Cg, R, S = w.shape
     Kg = K // groups
     Ho = (H - dilation * (R - 1) - 1) // stride + 1
@@ -39,7 +41,8 @@ def pool(x, k, s, op):
     shape = (N, C, (H - k) // s + 1, (W - k) // s + 1)
     if op == "max":
         return hd.compute(shape, lambda n, c, i, j: hd.max(x[n, c, s * i + r, s * j + q]), name="maxpool")
-    return hd.compute(shape, lambda n, c, i, j: hd.sum(x[n, c, s * i + r, s * j + q]) / (k * k), name="avgpool")
+    return hd.compute(shape, lambda n, c, i, j: hd.sum(x[n, c, s * i + r, s * j + q]) / (k * k),
+                      name="avgpool")
 
 
 @hd.func
@@ -176,12 +179,8 @@ def concat(a, b):
 def pad(x, p):
     """Zero padding by p on every side of the last two axes, written with hd.where."""
     H, W = x.shape
-
-    def body(i, j):
-        inside = (i >= p) & (i < H + p) & (j >= p) & (j < W + p)
-        return hd.where(inside, hd.constant_exterior(x)[i - p, j - p], 0.0)
-
-    return hd.compute((H + 2 * p, W + 2 * p), body, name="pad")
+    return hd.compute((H + 2 * p, W + 2 * p), lambda i, j: hd.where(
+        (i >= p) & (i < H + p) & (j >= p) & (j < W + p), x[i - p, j - p], 0.0), name="pad")
 
 
 # ---- programs: the fallback ---------------------------------------------------------------------
@@ -221,8 +220,10 @@ CASES = {
     "upsample-3": (upsample, (_r(1, 2, 3, 2, seed=6), 3), ("x",)),
     "subsample-even": (subsample, (_r(9, seed=7), 0), ("x",)),
     "subsample-odd": (subsample, (_r(9, seed=7), 1), ("x",)),
-    "conv-transpose2d-where": (conv_transpose2d, (_r(1, 2, 3, 4, seed=8), _r(2, 3, 3, 2, seed=9), 2), ("x", "w")),
-    "conv-transpose1d-rdom-where": (conv_transpose1d, (_r(2, 2, 5, seed=10), _r(2, 3, 3, seed=11), 2), ("x", "w")),
+    "conv-transpose2d-where": (conv_transpose2d, (_r(1, 2, 3, 4, seed=8), _r(2, 3, 3, 2, seed=9), 2),
+                               ("x", "w")),
+    "conv-transpose1d-rdom-where": (conv_transpose1d, (_r(2, 2, 5, seed=10), _r(2, 3, 3, seed=11), 2),
+                                    ("x", "w")),
     "pixel-shuffle": (pixel_shuffle, (_r(1, 8, 3, 2, seed=12), 2, "CRD"), ("x",)),
     "depth-to-space": (pixel_shuffle, (_r(1, 8, 3, 2, seed=12), 2, "DCR"), ("x",)),
     "pixel-unshuffle": (pixel_unshuffle, (_r(1, 2, 6, 4, seed=13), 2), ("x",)),
@@ -242,19 +243,12 @@ CASES = {
     "concat": (concat, (_r(2, 5, seed=27), _r(3, 5, seed=28)), ("a", "b")),
     "pad": (pad, (_r(4, 5, seed=29), 2), ("x",)),
 }
-
-# case id -> why its contributions do not all come out as gathers (a core bug or missing feature)
-NOT_YET_GATHER: dict[str, str] = {}
+CASE_PARAMS = [pytest.param(*case, id=k) for k, case in CASES.items()]
 
 
-def _cases(xfail: dict[str, str] | None = None):
-    xfail = xfail or {}
-    return [pytest.param(*CASES[k], id=k, marks=[pytest.mark.xfail(reason=xfail[k], strict=True)]
-                         if k in xfail else []) for k in CASES]
-
-
-@pytest.mark.parametrize("fn, args, inputs", _cases(NOT_YET_GATHER))
+@pytest.mark.parametrize("fn, args, inputs", CASE_PARAMS)
 def test_every_contribution_is_a_gather(fn, args, inputs):
+    """Each named input gets at least one contribution, and no adjoint in the program is a scatter."""
     ex = hd.explain(fn, *args)
     for name in inputs:
         forms = ex.forms(name)
@@ -263,67 +257,66 @@ def test_every_contribution_is_a_gather(fn, args, inputs):
     assert set(ex.forms()) <= GATHER_FORMS, f"an intermediate's adjoint is a scatter\n{ex}"
 
 
-@pytest.mark.parametrize("fn, args, inputs", _cases())
+@pytest.mark.parametrize("fn, args, inputs", CASE_PARAMS)
 def test_finite_differences(fn, args, inputs):
+    """The gradient with respect to every float argument, against central differences (float64)."""
     hd.check_grad(fn, *args)
 
 
 # ---- against PyTorch ----------------------------------------------------------------------------
 
-def _torch_ops():
-    """case id -> a PyTorch function of the case's float array arguments, in order."""
-    torch = pytest.importorskip("torch")
+def _F(name, **kwargs):
+    """A torch.nn.functional op with fixed keyword arguments, taking (torch, *tensors)."""
+    return lambda torch, *tensors: getattr(torch.nn.functional, name)(*tensors, **kwargs)
+
+
+def _torch_box3(torch, x, mode):
+    """A 3x3 mean of a 2-D tensor padded by one pixel with torch's `mode`."""
     F = torch.nn.functional
-    ops = {
-        "conv-stride2": lambda x, w: F.conv2d(x, w, stride=2),
-        "conv-stride3": lambda x, w: F.conv2d(x, w, stride=3),
-        "conv-dilation2": lambda x, w: F.conv2d(x, w, dilation=2),
-        "conv-groups2": lambda x, w: F.conv2d(x, w, groups=2),
-        "conv-stride2-dilation2-groups2": lambda x, w: F.conv2d(x, w, stride=2, dilation=2, groups=2),
-        "upsample-2": lambda x: F.interpolate(x, scale_factor=2, mode="nearest"),
-        "upsample-3": lambda x: F.interpolate(x, scale_factor=3, mode="nearest"),
-        "conv-transpose2d-where": lambda x, w: F.conv_transpose2d(x, w, stride=2),
-        "conv-transpose1d-rdom-where": lambda x, w: F.conv_transpose1d(x, w, stride=2),
-        "pixel-shuffle": lambda x: F.pixel_shuffle(x, 2),
-        "depth-to-space": lambda x: x.reshape(1, 2, 2, 2, 3, 2).permute(0, 3, 4, 1, 5, 2).reshape(1, 2, 6, 4),
-        "pixel-unshuffle": lambda x: F.pixel_unshuffle(x, 2),
-        "flip": lambda x: torch.flip(x, (0, 1)),
-        "permute-nhwc": lambda x: x.permute(0, 2, 3, 1),
-        "permute-reverse": lambda x: x.permute(3, 2, 1, 0),
-        "diagonal": lambda x: torch.diagonal(x, 0),
-        "superdiagonal": lambda x: torch.diagonal(x, 1),
-        "view2d-repeat_edge": lambda x: _torch_box3(F, x, "replicate"),
-        "view2d-mirror": lambda x: _torch_box3(F, x, "reflect"),
-        "view2d-constant_exterior": lambda x: _torch_box3(F, x, "constant"),
-        "concat": lambda a, b: torch.cat([a, b], 0),
-        "pad": lambda x: F.pad(x, (2, 2, 2, 2)),
-    }
-    for op in ("max", "avg"):
-        for k, s in ((2, 2), (3, 2), (3, 1), (2, 1)):
-            fn = F.max_pool2d if op == "max" else F.avg_pool2d
-            ops[f"{op}pool-k{k}-s{s}"] = lambda x, fn=fn, k=k, s=s: fn(x, k, s)
-    return torch, ops
-
-
-def _torch_box3(F, x, mode):
     return F.avg_pool2d(F.pad(x[None, None], (1, 1, 1, 1), mode=mode), 3, 1)[0, 0]
 
 
-TORCH_CASES = [k for k in CASES if k.startswith(("conv", "maxpool", "avgpool", "upsample", "pixel", "depth",
-                                                 "flip", "permute", "diagonal", "superdiag", "view2d",
-                                                 "concat", "pad"))]
+# case id -> the PyTorch op, as a function of (torch, the case's float arrays as tensors, in order)
+TORCH_OPS = {
+    "conv-stride2": _F("conv2d", stride=2),
+    "conv-stride3": _F("conv2d", stride=3),
+    "conv-dilation2": _F("conv2d", dilation=2),
+    "conv-groups2": _F("conv2d", groups=2),
+    "conv-stride2-dilation2-groups2": _F("conv2d", stride=2, dilation=2, groups=2),
+    **{f"{op}pool-k{k}-s{s}": _F(f"{op}_pool2d", kernel_size=k, stride=s)
+       for op in ("max", "avg") for k, s in ((2, 2), (3, 2), (3, 1), (2, 1))},
+    "upsample-2": _F("interpolate", scale_factor=2, mode="nearest"),
+    "upsample-3": _F("interpolate", scale_factor=3, mode="nearest"),
+    "conv-transpose2d-where": _F("conv_transpose2d", stride=2),
+    "conv-transpose1d-rdom-where": _F("conv_transpose1d", stride=2),
+    "pixel-shuffle": _F("pixel_shuffle", upscale_factor=2),
+    "depth-to-space": lambda torch, x: (x.reshape(1, 2, 2, 2, 3, 2).permute(0, 3, 4, 1, 5, 2)
+                                        .reshape(1, 2, 6, 4)),
+    "pixel-unshuffle": _F("pixel_unshuffle", downscale_factor=2),
+    "flip": lambda torch, x: torch.flip(x, (0, 1)),
+    "permute-nhwc": lambda torch, x: x.permute(0, 2, 3, 1),
+    "permute-reverse": lambda torch, x: x.permute(3, 2, 1, 0),
+    "diagonal": lambda torch, x: torch.diagonal(x, 0),
+    "superdiagonal": lambda torch, x: torch.diagonal(x, 1),
+    "view2d-repeat_edge": lambda torch, x: _torch_box3(torch, x, "replicate"),
+    "view2d-mirror": lambda torch, x: _torch_box3(torch, x, "reflect"),
+    "view2d-constant_exterior": lambda torch, x: _torch_box3(torch, x, "constant"),
+    "concat": lambda torch, a, b: torch.cat([a, b], 0),
+    "pad": _F("pad", pad=(2, 2, 2, 2)),
+}
 
 
-@pytest.mark.parametrize("case", TORCH_CASES)
+@pytest.mark.parametrize("case", list(TORCH_OPS))
 def test_matches_pytorch(case):
-    torch, ops = _torch_ops()
+    """Forward values and the vjp of a random cotangent, against PyTorch in float64."""
+    torch = pytest.importorskip("torch")
     fn, args, _ = CASES[case]
     out, vjp_fn = hd.vjp(fn, *args)
     cotangent = np.random.default_rng(0).standard_normal(out.shape)
     grads = vjp_fn(cotangent)
     floats = [k for k, a in enumerate(args) if isinstance(a, np.ndarray)]
     leaves = [torch.tensor(args[k], requires_grad=True) for k in floats]
-    expected = ops[case](*leaves)
+    expected = TORCH_OPS[case](torch, *leaves)
     np.testing.assert_allclose(out, expected.detach().numpy(), rtol=1e-12, atol=1e-12)
     expected.backward(torch.tensor(cotangent))
     for k, leaf in zip(floats, leaves, strict=True):
@@ -334,6 +327,7 @@ def test_matches_pytorch(case):
 
 @pytest.mark.parametrize("offset", [0, 1])
 def test_diagonal_gradient_has_no_smearing(offset):
+    """x[i, i + offset]: each cotangent lands on exactly one element (Halide's issue #7385)."""
     x = CASES["diagonal"][1][0]
     out, vjp_fn = hd.vjp(diagonal, x, offset)
     np.testing.assert_array_equal(out, np.diagonal(x, offset))
@@ -346,6 +340,7 @@ def test_diagonal_gradient_has_no_smearing(offset):
 
 @pytest.mark.parametrize("offset", [0, 1])
 def test_subsample_gradient_is_the_indicator(offset):
+    """x[2*i + offset]: the gradient of the sum is 1 on the elements read and 0 elsewhere."""
     x = CASES["subsample-even"][1][0]
     out, vjp_fn = hd.vjp(subsample, x, offset)
     np.testing.assert_array_equal(out, x[offset:offset + 2 * out.size:2])
@@ -356,6 +351,7 @@ def test_subsample_gradient_is_the_indicator(offset):
 
 @pytest.mark.parametrize("case", ["flatten", "unflatten", "reshape-4d-to-2d"])
 def test_reshape_gradient_is_the_inverse_reshape(case):
+    """Reshapes move values without arithmetic: the vjp is the cotangent reshaped back, exactly."""
     fn, args, _ = CASES[case]
     x = args[0]
     out, vjp_fn = hd.vjp(fn, *args)
@@ -379,6 +375,20 @@ def test_1d_views_match_numpy_padding(view):
     np.testing.assert_allclose(out, (p[:-2] + 2 * p[1:-1] + p[2:]) / 4, rtol=1e-12)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "runtime/codegen.py emits each gather as one loop over the whole buffer with per-element `if` "
+    "guards for the boundary pieces; it does not split off a branch-free interior region"))
+@pytest.mark.parametrize("view", list(P.VIEWS))
+def test_boundary_view_gradient_has_a_branch_free_interior(view):
+    """Issue 3, item 7: the adjoint of a 3x3 stencil under a boundary view loops over the interior
+    (rows [1, H-1), columns [1, W-1)) with no per-element branch, plus boundary strips."""
+    x = CASES[f"view2d-{view}"][1][0]
+    H, W = x.shape
+    source = hd.explain(P.blur2d, x, view).backward_source
+    for n in (H, W):
+        assert re.search(rf"for \w+ in p?range\(1, {n - 1}\):", source), source
+
+
 # ---- the fallback -------------------------------------------------------------------------------
 
 TABLE = _r(6, 4, seed=30)
@@ -386,6 +396,7 @@ IDX = np.array([3, 0, 3, 5, 3, 1, 0, 3], dtype=np.int64)   # repeated rows: writ
 
 
 def test_embedding_falls_back_to_a_parallel_scatter():
+    """table[idx[i], f]: kept as a scatter (with a reason), parallel over the feature dimension."""
     ex = hd.explain(embed, TABLE, IDX)
     assert ex.forms("table") == ["scatter-parallel"], str(ex)
     assert all(c.reason for c in ex.contributions if c.buffer == "table")
@@ -393,6 +404,7 @@ def test_embedding_falls_back_to_a_parallel_scatter():
 
 
 def test_embedding_gradient_matches_add_at_and_is_deterministic():
+    """Repeated indices accumulate as np.add.at does, with the same bits on every run."""
     out, vjp_fn = hd.vjp(embed, TABLE, IDX)
     np.testing.assert_array_equal(out, TABLE[IDX])
     c = np.random.default_rng(2).standard_normal(out.shape)
@@ -407,6 +419,7 @@ def test_embedding_gradient_matches_add_at_and_is_deterministic():
 
 
 def test_embedding_gradient_is_the_same_for_any_thread_count():
+    """No atomics: the scatter's result does not depend on the number of threads."""
     numba = pytest.importorskip("numba")
     _, vjp_fn = hd.vjp(embed, TABLE, IDX)
     c = np.random.default_rng(3).standard_normal((IDX.size, TABLE.shape[1]))
@@ -422,6 +435,7 @@ def test_embedding_gradient_is_the_same_for_any_thread_count():
 
 
 def test_nonlinear_index_falls_back_to_a_scatter():
+    """x[i*i % n] is not affine: a scatter with a reason, exact against np.add.at."""
     x = _r(7, seed=31)
     ex = hd.explain(square_index, x)
     forms = ex.forms("x")
