@@ -11,7 +11,7 @@ import numpy as np
 
 from halide_ad import ir
 from halide_ad.errors import TraceError, user_loc
-from halide_ad.traverse import simplify_rule
+from halide_ad.traverse import rewrite, simplify_rule
 
 _CONTROL_FLOW_HINT = (
     "cannot use the symbolic value `{e}` as a Python bool. Python control flow (`if`, `while`, "
@@ -22,11 +22,12 @@ _CONTROL_FLOW_HINT = (
 class Expr:
     """A symbolic scalar inside `hd.compute`: an index variable, a tensor element, or math on them."""
 
-    __slots__ = ("node",)
+    __slots__ = ("node", "weak")
     __array_ufunc__ = None  # `np.float32(2) * e` defers to Expr.__rmul__ instead of making arrays
 
-    def __init__(self, node: ir.Expr):
+    def __init__(self, node: ir.Expr, weak: bool = False):
         self.node = node
+        self.weak = weak  # built from Python floats only: adopts the float type it meets
 
     @property
     def dtype(self) -> np.dtype:
@@ -110,9 +111,25 @@ def to_node(x, like: str | None = None) -> ir.Expr:
     raise TraceError(f"cannot use {type(x).__name__} {x!r} in a halide_ad expression", user_loc())
 
 
-def _fold(node: ir.Expr) -> Expr:
+def _fold(node: ir.Expr, weak: bool = False) -> Expr:
     folded = simplify_rule(node) if all(isinstance(c, ir.Const) for c in _args(node)) else None
-    return Expr(folded if folded is not None else node)
+    return Expr(folded if folded is not None else node, weak)
+
+
+def _weak_operands(*xs) -> list:
+    """Weakly typed float expressions among `xs` retyped to the float type of the others,
+    as Python floats are: `hd.where(c, 0.25, 0.75) * x` keeps a float32 x float32."""
+    strong = [ir.dtype_of(x.node) for x in xs if isinstance(x, Expr) and not x.weak]
+    target = next((d for d in strong if ir.is_float(d)), None)
+    if target is None:
+        return list(xs)
+    retype = lambda n: ir.const(n.value, target) if isinstance(n, ir.Const) and n.dtype == "float64" else None  # noqa: E731
+    return [Expr(rewrite(x.node, retype)) if isinstance(x, Expr) and x.weak else x for x in xs]
+
+
+def _is_weak(*xs) -> bool:
+    """True when every operand is a Python number or a weak expression."""
+    return all(x.weak if isinstance(x, Expr) else isinstance(x, numbers.Real) for x in xs)
 
 
 def _args(node: ir.Expr):
@@ -134,13 +151,15 @@ def binary(op: ir.Op, a, b):
         return tensor_binary(op, a, b)
     if not (is_symbolic(a) or is_symbolic(b)):
         return _python_binary(op, a, b)
+    weak = _is_weak(a, b)
+    a, b = _weak_operands(a, b)
     like = _like(a, b)
     la, lb = to_node(a, like), to_node(b, like)
     if op is ir.Op.POW and isinstance(lb, ir.Const) and ir.is_float(ir.dtype_of(la)):
         lb = ir.const(lb.value, ir.dtype_of(la))  # x ** 2 keeps x's float type
     if op in (ir.Op.FLOORDIV, ir.Op.MOD) and isinstance(lb, ir.Const) and lb.value == 0:
         raise TraceError(f"division by zero in `{la} {op.value} 0`", user_loc())
-    return _fold(ir.Bin(op, la, lb))
+    return _fold(ir.Bin(op, la, lb), weak and op not in ir.COMPARISONS)
 
 
 def logical(op: ir.Op, a, b):
@@ -162,9 +181,11 @@ def _python_binary(op: ir.Op, a, b):
 
 
 def call(fn: str, *args) -> Expr:
+    weak = _is_weak(*args)
+    args = _weak_operands(*args)
     like = _like(*args)
     nodes = tuple(to_node(a, like) for a in args)
-    return _fold(ir.Call(fn, nodes))
+    return _fold(ir.Call(fn, nodes), weak and fn != "not")
 
 
 def select(cond, a, b) -> Expr:
@@ -172,7 +193,9 @@ def select(cond, a, b) -> Expr:
     if ir.dtype_of(c) != "bool":
         raise TraceError(f"hd.where needs a condition, but `{c}` is {ir.dtype_of(c)}; "
                          "compare it first, e.g. hd.where(x > 0, x, 0)", user_loc())
+    weak = _is_weak(a, b)
+    a, b = _weak_operands(a, b)
     like = _like(a, b)
     ta, tb = to_node(a, like), to_node(b, like)
     dtype = ir.promote(ir.dtype_of(ta), ir.dtype_of(tb))
-    return _fold(ir.Select(c, ir.cast(dtype, ta), ir.cast(dtype, tb)))
+    return _fold(ir.Select(c, ir.cast(dtype, ta), ir.cast(dtype, tb)), weak and ir.is_float(dtype))
