@@ -13,6 +13,7 @@ from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program,
                           adjoint_name, argindex_name, dtype_of, is_float)
 from halide_ad.show import show, show_func
 from halide_ad.solver.bounds import is_data_dependent
+from halide_ad.runtime.schedule import interior
 from halide_ad.runtime.writer import Writer
 
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
@@ -228,19 +229,47 @@ def emit_backward(program: Program, plans) -> tuple[str, list[str], list[str]]:
             name = adjoint_name(adj.buffer)
             gathers = [c for c in plan.contributions if isinstance(c, Gather)]
             w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
-            depth = w.depth
-            _loop_nest(w, em, plan.new_vars, adj.shape)
-            zero = em.const(0, adj.dtype)
-            w.line(f"acc = {em.index('ct_' + adj.buffer, plan.new_vars, name) if adj.seeded else zero}")
-            for g in gathers:
-                _emit_gather(w, em, g)
-            w.line(f"{em.index(name, plan.new_vars, name)} = acc")
-            w.depth = depth
+            split = interior(plan.new_vars, adj.shape, gathers)
+
+            def body(gs, adj=adj, name=name, plan=plan):
+                zero = em.const(0, adj.dtype)
+                w.line(f"acc = {em.index('ct_' + adj.buffer, plan.new_vars, name) if adj.seeded else zero}")
+                for g in gs:
+                    _emit_gather(w, em, g)
+                w.line(f"{em.index(name, plan.new_vars, name)} = acc")
+
+            _split_loop_nest(w, em, plan.new_vars, adj.shape, split, lambda: body(gathers),
+                             lambda: body(split[1]))
             for s in plan.contributions:
                 if not isinstance(s, Gather):
                     _emit_scatter(w, em, s, name)
         w.line("return None")
     return w.text(), params, em.checks
+
+
+def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, general, inside) -> None:
+    """The loop nest over `vars_`; with an interior box, boundary strips run `general` and the
+    box runs `inside` (its guards decided, its window bounds constant)."""
+    box = split[0] if split else {}
+    par = _parallel_dim(shape)
+
+    def nest(d: int, in_box: bool) -> None:
+        if d == len(vars_):
+            (inside if in_box and split else general)()
+            return
+        v, n = vars_[d], shape[d]
+        lo, hi = box.get(v, (0, n - 1))
+        segments = [(0, n, in_box)] if not in_box or (lo, hi) == (0, n - 1) else [
+            (0, lo, False), (lo, hi + 1, True), (hi + 1, n, False)]
+        for start, stop, flag in segments:
+            if start >= stop:
+                continue
+            depth = w.depth
+            _open_loop(w, em.name(v), f"{start}, {stop}", d == par)
+            nest(d + 1, flag)
+            w.depth = depth
+
+    nest(0, bool(split))
 
 
 def _emit_gather(w: Writer, em: Emitter, g) -> None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 
+from halide_ad.errors import HalideADWarning
 from halide_ad.ir import Bin, Call, Const, Expr, Op, Range, Scatter, Select, Var, const
 from halide_ad.solver.affine import Affine, Constraint, Linearizer
 from halide_ad.solver.bounds import box, interval
@@ -81,9 +83,26 @@ def invert(scatter: Scatter, shape: tuple[int, ...], new_vars: tuple[Var, ...]) 
     result = _invert(scatter, shape, new_vars)
     if isinstance(result, str):
         result = Fallback(scatter, result, parallel_var(scatter))
+        if TIME_LIMIT in result.reason:
+            _warn_timeout(result)
     with _cache_lock:
         _cache[key] = result
     return result
+
+
+TIME_LIMIT = "within its time limit"
+
+
+def _warn_timeout(f: Fallback) -> None:
+    """A z3 timeout is not an error: the scatter is correct, only slower. Say so once, here and in
+    hd.explain (which shows `f.reason`)."""
+    from halide_ad.solver import z3_bridge
+    s = f.scatter
+    where = f" ({s.loc})" if s.loc else ""
+    warnings.warn(f"adj_{s.buffer}[{', '.join(map(str, s.index))}]{where} stays a {f.form}: {f.reason} "
+                  f"({z3_bridge.DEFAULT_TIMEOUT_MS} ms). The gradient is still exact, but slower; "
+                  "hd.explain shows it. Raise halide_ad.solver.z3_bridge.DEFAULT_TIMEOUT_MS to retry.",
+                  HalideADWarning, stacklevel=3)
 
 
 def _invert(scatter: Scatter, shape, js) -> Gather | str:
@@ -241,6 +260,7 @@ def _loops(free: list[Var], constraints: list[Constraint], params: dict[Var, tup
     already imply is dropped, and so is a loop bound that another bound dominates.
     """
     depth = {f: d + 1 for d, f in enumerate(free)}
+    constraints = constraints + _projections(constraints, free, depth)
     guards: list[list[Expr]] = [[] for _ in range(len(free) + 1)]
     lower: dict[Var, list[Expr]] = {f: [] for f in free}
     upper: dict[Var, list[Expr]] = {f: [] for f in free}
@@ -271,6 +291,38 @@ def _loops(free: list[Var], constraints: list[Constraint], params: dict[Var, tup
         hi = _fold(Op.MIN, upper[f], params)
         loops.append(Range(f, lo, hi))
     return loops, guards
+
+
+def _projections(constraints: list[Constraint], free: list[Var], depth) -> list[Constraint]:
+    """Implied constraints on outer loop variables, so that their loops skip empty iterations.
+
+    `x + r >= 5` with 0 <= r <= 1 implies x >= 4: an inner variable with constant bounds is
+    replaced by its extreme value (one Fourier-Motzkin step). Adding implied constraints is
+    always sound; the loops just get tighter.
+    """
+    const_range: dict[Var, list[int | None]] = {f: [None, None] for f in free}
+    for c in constraints:
+        if c.kind == "ge" and len(c.aff.coeffs) == 1 and c.aff.coeffs[0][0] in const_range:
+            f, k = c.aff.coeffs[0]
+            if k == 1:  # f + c >= 0
+                lo = -c.aff.const
+                const_range[f][0] = lo if const_range[f][0] is None else max(const_range[f][0], lo)
+            elif k == -1:  # -f + c >= 0
+                hi = c.aff.const
+                const_range[f][1] = hi if const_range[f][1] is None else min(const_range[f][1], hi)
+    out = []
+    for c in constraints:
+        aff = c.aff
+        while c.kind == "ge" and sum(v in depth for v in aff.vars) > 1:
+            inner = max((v for v in aff.vars if v in depth), key=depth.get)
+            k = aff.coeff(inner)
+            lo, hi = const_range[inner]
+            extreme = hi if k > 0 else lo
+            if extreme is None:
+                break
+            aff = Affine.of({v: c_ for v, c_ in aff.coeffs if v != inner}, aff.const + k * extreme)
+            out.append(Constraint("ge", aff))
+    return out
 
 
 def _fold(op: Op, terms: list[Expr], params) -> Expr:
@@ -356,7 +408,7 @@ def _verify(scatter, linear_preds, piece: GatherPiece, shape, js, free, lin) -> 
     if complete == "unsat" and sound == "unsat":
         return None
     if "unknown" in (complete, sound):
-        return "z3 could not decide the inverse within its time limit"
+        return f"z3 could not decide the inverse {TIME_LIMIT}"
     return "z3 found the candidate inverse wrong (a bug in halide_ad's solver; falling back to a scatter)"
 
 

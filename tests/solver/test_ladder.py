@@ -375,9 +375,6 @@ def test_1d_views_match_numpy_padding(view):
     np.testing.assert_allclose(out, (p[:-2] + 2 * p[1:-1] + p[2:]) / 4, rtol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "runtime/codegen.py emits each gather as one loop over the whole buffer with per-element `if` "
-    "guards for the boundary pieces; it does not split off a branch-free interior region"))
 @pytest.mark.parametrize("view", list(P.VIEWS))
 def test_boundary_view_gradient_has_a_branch_free_interior(view):
     """Issue 3, item 7: the adjoint of a 3x3 stencil under a boundary view loops over the interior
