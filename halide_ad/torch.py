@@ -1,0 +1,134 @@
+"""PyTorch integration: an `@hd.func` as a `torch.autograd.Function`.
+
+    import halide_ad as hd
+    import halide_ad.torch as hd_torch
+
+    @hd.func
+    def conv2d(x, w): ...
+
+    conv = hd_torch.function(conv2d)        # tensors in, tensors out, differentiable
+    y = conv(x, w)                          # x, w: torch tensors (float32 or float64)
+    y.sum().backward()                      # w.grad comes from halide_ad's gradient kernels
+
+Forward hands CPU tensors to halide_ad without a copy (`.detach().contiguous().numpy()` shares
+the tensor's memory when it is already contiguous), runs `hd.vjp`, and keeps the returned
+`vjp_fn` on the autograd context; backward calls it and wraps the numpy gradients with
+`torch.from_numpy`, again without a copy. Tensors on another device make a round trip through the
+CPU. Non-tensor arguments (ints, floats, strings, tuples) are static options, passed through as
+they are, and get `None` as their gradient, as do integer and bool tensors.
+
+Backward is `once_differentiable`: a wrapped op has first derivatives, not second ones.
+"""
+from __future__ import annotations
+
+import functools
+
+try:
+    import torch
+    from torch.autograd.function import once_differentiable
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("halide_ad.torch needs PyTorch, an optional dependency: pip install torch "
+                      "(or pip install 'halide_ad[torch]')") from e
+
+import numpy as np
+
+from halide_ad.api import as_function, vjp
+
+__all__ = ["function", "wrap"]
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's data as numpy, sharing memory when `t` is a contiguous CPU tensor."""
+    return t.detach().cpu().contiguous().numpy()
+
+
+def _flatten(obj) -> tuple[list[np.ndarray], object]:
+    """(leaves, rebuild) for an array or a tuple/list/dict of arrays (halide_ad's outputs)."""
+    if isinstance(obj, np.ndarray):
+        return [obj], lambda leaves: leaves[0]
+    if isinstance(obj, (tuple, list)):
+        parts = [_flatten(x) for x in obj]
+        kind = type(obj)
+
+        def rebuild(leaves):
+            out, k = [], 0
+            for leaves_part, rb in parts:
+                out.append(rb(leaves[k:k + len(leaves_part)]))
+                k += len(leaves_part)
+            return kind(out)
+        return [leaf for p in parts for leaf in p[0]], rebuild
+    if isinstance(obj, dict):
+        keys = list(obj)
+        leaves, rebuild_values = _flatten([obj[k] for k in keys])
+        return leaves, lambda ls: dict(zip(keys, rebuild_values(ls), strict=True))
+    raise TypeError(f"halide_ad.torch: unexpected output of type {type(obj).__name__}")
+
+
+def _from_numpy(a: np.ndarray, device: torch.device | None) -> torch.Tensor:
+    """A tensor sharing `a`'s memory where it can (np.ascontiguousarray would turn 0-d into 1-d)."""
+    if not (a.flags.writeable and a.flags.c_contiguous):  # torch.from_numpy warns on read-only arrays
+        a = a.copy()
+    t = torch.from_numpy(a)
+    return t if device is None or device.type == "cpu" else t.to(device)
+
+
+class HalideFunction(torch.autograd.Function):
+    """forward(ctx, fn, meta, *args): `meta` is a dict the wrapper reads the output structure from.
+
+    Use `function(fn)` rather than this class directly."""
+
+    @staticmethod
+    def forward(ctx, fn, meta, *args):
+        np_args = [_to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
+        out, vjp_fn = vjp(fn, *np_args)
+        leaves, rebuild = _flatten(out)
+        meta["rebuild"] = rebuild
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        outs = tuple(_from_numpy(leaf, device) for leaf in leaves)
+        ctx.vjp_fn = vjp_fn
+        ctx.rebuild = rebuild
+        ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
+        ctx.devices = [a.device if isinstance(a, torch.Tensor) else None for a in args]
+        # Saving the inputs lets autograd's version counters catch an in-place change before
+        # backward: the gradient kernels read the same memory (no copy was made).
+        ctx.save_for_backward(*(a for a in args if isinstance(a, torch.Tensor)))
+        for leaf, t in zip(leaves, outs, strict=True):
+            if leaf.dtype.kind not in "fc":
+                ctx.mark_non_differentiable(t)
+        return outs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        ctx.saved_tensors  # noqa: B018  raises if an input was modified in place since forward
+        cts = [_to_numpy(g) for g in grad_outputs]
+        grads = ctx.vjp_fn(ctx.rebuild(cts))
+        result = []
+        for g, is_tensor, need, device in zip(grads, ctx.is_tensor, ctx.needs_input_grad[2:],
+                                              ctx.devices, strict=True):
+            if g is None or not is_tensor or not need:
+                result.append(None)
+            else:
+                result.append(_from_numpy(g, device))
+        return (None, None, *result)
+
+
+def function(fn):
+    """Wrap an `@hd.func` (or a plain function, traced as if decorated) for PyTorch.
+
+    The result takes the same positional arguments as `fn`, with torch tensors where `fn` takes
+    arrays, and returns torch tensors with `fn`'s output structure (a tensor, or a tuple, list or
+    dict of them). Gradients flow to every float tensor argument."""
+    f = as_function(fn)
+
+    @functools.wraps(f.fn)
+    def wrapped(*args):
+        meta: dict = {}
+        outs = HalideFunction.apply(f, meta, *args)
+        return meta["rebuild"](list(outs))
+
+    wrapped.hd_function = f
+    return wrapped
+
+
+wrap = function
