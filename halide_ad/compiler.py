@@ -6,15 +6,16 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from halide_ad.ad import Adjoint, reverse_mode
-from halide_ad.errors import BoundsError
-from halide_ad.ir import Program, Var, adjoint_name, argindex_name
+from halide_ad.errors import BoundsError, ShapeError
+from halide_ad.ir import Program, Reduce, Var, adjoint_name, argindex_name, is_float
 from halide_ad.runtime.codegen import emit_backward, emit_forward
 from halide_ad.runtime.compile import compile_kernel
+from halide_ad.runtime.contract import Contraction, contraction
 from halide_ad.solver import Fallback, Gather, invert
 
 
@@ -27,10 +28,9 @@ class AdjointPlan:
 
 
 @dataclass
-class Kernel:
-    """A compiled numba function over named buffers, with its source for `hd.explain`."""
+class NumbaStep:
+    """A compiled numba function over named buffers."""
     fn: object
-    source: str
     params: list[str]
     checks: list[str]
 
@@ -42,22 +42,94 @@ class Kernel:
                               "Clamp the index (hd.clamp) or fix the index data.")
 
 
+@dataclass
+class ContractionStep:
+    """`out` = (zeros, its cotangent, or what the kernels before wrote) + BLAS contractions."""
+    out: str
+    init: str  # "zeros", "ct_<name>" or "kernel"
+    contractions: tuple[Contraction, ...]
+
+    def __call__(self, buffers: dict[str, np.ndarray]) -> None:
+        if self.init == "zeros":
+            buffers[self.out].fill(0)
+        elif self.init != "kernel":
+            np.copyto(buffers[self.out], buffers[self.init].reshape(buffers[self.out].shape))
+        for c in self.contractions:
+            c.accumulate(buffers)
+
+
+@dataclass
+class Kernel:
+    """The steps that fill a program's buffers (numba loop nests and BLAS contractions), and the
+    source `hd.explain` shows."""
+    steps: list
+    source: str
+
+    def __call__(self, buffers: dict[str, np.ndarray]) -> None:
+        for step in self.steps:
+            step(buffers)
+
+
 def _dump(stage: str, text: str) -> None:
     if stage in os.environ.get("HALIDE_AD_DUMP", "").split(","):
         print(text)
 
 
-def compile_forward(program: Program) -> Kernel:
-    source, params, checks = emit_forward(program)
+def _numba_step(source: str, params: list[str], checks: list[str], entry: str, title: str) -> NumbaStep:
     _dump("source", source)
-    return Kernel(compile_kernel(source, "forward", f"forward of {program.name}"), source, params, checks)
+    return NumbaStep(compile_kernel(source, entry, title), params, checks)
+
+
+def _shapes(program: Program) -> dict[str, tuple[int, ...]]:
+    shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
+    return shapes | {adjoint_name(n): sh for n, sh in shapes.items()}
+
+
+def compile_forward(program: Program) -> Kernel:
+    """Consecutive loop-nest stages share one numba function; contractions run between them."""
+    steps, sources, segment = [], [], []
+    shapes = _shapes(program)
+
+    def flush():
+        if segment:
+            entry = f"forward{len(sources)}" if len(sources) or len(segment) < len(program.funcs) else "forward"
+            source, params, checks = emit_forward(program, tuple(segment), entry)
+            steps.append(_numba_step(source, params, checks, entry, f"forward of {program.name}"))
+            sources.append(source)
+            segment.clear()
+
+    for f in program.funcs:
+        c = _func_contraction(f, shapes)
+        if c is None:
+            segment.append(f)
+            continue
+        flush()
+        steps.append(ContractionStep(f.name, "zeros", (c,)))
+        sources.append(f"# {f.name} by BLAS: {c.formula}\n")
+    flush()
+    return Kernel(steps, "\n".join(sources))
+
+
+def _func_contraction(f, shapes) -> Contraction | None:
+    if not (isinstance(f.body, Reduce) and f.body.op == "sum" and is_float(f.dtype)):
+        return None
+    return contraction(f.name, f.vars, f.body.body, f.domain + f.body.rvars, f.body.where, shapes)
 
 
 def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
     plans = []
+    shapes = _shapes(program)
     for adj in reverse_mode(program, wrt):
         new_vars = _gather_vars(adj)
-        plans.append(AdjointPlan(adj, new_vars, tuple(invert(s, adj.shape, new_vars) for s in adj.scatters)))
+        contributions = []
+        for s in adj.scatters:
+            inverse = invert(s, adj.shape, new_vars)
+            c = contraction(adjoint_name(s.buffer), s.index, s.value, s.domain, s.where, shapes)
+            if c is not None and isinstance(inverse, Gather):  # BLAS computes the same gather
+                contributions.append(replace(c, inverse=inverse))
+            else:
+                contributions.append(inverse)
+        plans.append(AdjointPlan(adj, new_vars, tuple(contributions)))
     return plans
 
 
@@ -74,15 +146,45 @@ def _gather_vars(adj: Adjoint) -> tuple[Var, ...]:
 
 
 def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, list[AdjointPlan]]:
+    """Loop-nest adjoints share numba functions; an adjoint with BLAS contributions ends one, and
+    its contractions are added after the loop nest has written the rest."""
     plans = plan_gradient(program, wrt)
-    source, params, checks = emit_backward(program, plans)
-    _dump("source", source)
-    return Kernel(compile_kernel(source, "backward", f"gradient of {program.name}"), source, params, checks), plans
+    steps, sources, segment = [], [], []
+
+    def flush():
+        if any(p.contributions for p in segment):
+            entry = f"backward{len(sources)}"
+            source, params, checks = emit_backward(program, list(segment), entry)
+            steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
+            sources.append(source)
+        segment.clear()
+
+    for plan in plans:
+        blas = tuple(c for c in plan.contributions if isinstance(c, Contraction))
+        if not blas:
+            segment.append(plan)
+            continue
+        rest = replace(plan, contributions=tuple(c for c in plan.contributions if not isinstance(c, Contraction)))
+        if rest.contributions:
+            segment.append(rest)
+            init = "kernel"
+        else:
+            init = "ct_" + plan.adjoint.buffer if plan.adjoint.seeded else "zeros"
+        flush()
+        steps.append(ContractionStep(adjoint_name(plan.adjoint.buffer), init, blas))
+        sources.append("".join(f"# {c.formula}  (BLAS, {len(c.taps) and 'per tap of ' + ', '.join(t.var.name for t in c.taps) or 'one call'})\n" for c in blas))
+    flush()
+    return Kernel(steps, "\n".join(sources)), plans
 
 
 def allocate(shape: tuple[int, ...], dtype: str, *, zero: bool = False) -> np.ndarray:
     """Kernels see 0-d buffers as shape (1,)."""
-    return (np.zeros if zero else np.empty)(shape or (1,), dtype)
+    try:
+        return (np.zeros if zero else np.empty)(shape or (1,), dtype)
+    except MemoryError:
+        size = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=object))
+        raise ShapeError(f"a buffer of shape {shape} and dtype {dtype} needs {size / 2**30:.3g} GiB, more "
+                         "than this machine can allocate; shrink the program's sizes") from None
 
 
 def run_forward(program: Program, kernel: Kernel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

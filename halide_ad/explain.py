@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from halide_ad import ir
 from halide_ad.show import show, show_func
+from halide_ad.runtime.contract import Contraction
 from halide_ad.solver import Fallback
 
 
@@ -54,11 +55,15 @@ def explain(fn, *args, **kwargs) -> Explanation:
     contributions = []
     for plan in plans:
         for c in plan.contributions:
+            routed = ""
+            if isinstance(c, Contraction):
+                routed, c = "  [computed by BLAS]", c.inverse
             s = c.scatter
             formula = f"adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
             formula += "  for " + ", ".join(f"{r.var.name} in [{r.lo}, {r.hi})" for r in s.domain)
             if s.where is not None:
                 formula += f" if {show(s.where)}"
+            formula += routed
             contributions.append(Contribution(s.buffer, c.form, formula,
                                               c.reason if isinstance(c, Fallback) else None,
                                               str(s.loc) if s.loc else None))

@@ -29,6 +29,7 @@ class Emitter:
     names: dict[Var, str] = field(default_factory=dict)
     checks: list[str] = field(default_factory=list)  # what each run-time index check guards
     out: Writer = field(default_factory=Writer)
+    used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
 
     def name(self, v: Var) -> str:
         if v not in self.names:
@@ -50,6 +51,7 @@ class Emitter:
         return f"np.float32({text})" if dtype == "float32" else text
 
     def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
+        self.used[buffer] = None
         if not index:
             return f"{buffer}[0]"
         parts = []
@@ -156,27 +158,32 @@ def _open_loop(w: Writer, name: str, bounds: str, parallel: bool) -> None:
         w.depth += 1
 
 
-def emit_forward(program: Program) -> tuple[str, list[str], list[str]]:
-    """The source of `forward(...)`, its parameter names, and the run-time index checks."""
+def _function(em: Emitter, entry: str) -> str:
+    """Wrap the emitted body in `def entry(<the buffers it uses>, status):`."""
+    head = Writer()
+    head.line(f"def {entry}({', '.join([*em.used, 'status'])}):")
+    return head.text() + em.out.text()
+
+
+def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple[str, list[str], list[str]]:
+    """The source of `entry(...)` computing `funcs`, its parameter names, and the run-time index checks."""
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
-    params = [b.name for b in program.inputs] + [f.name for f in program.funcs] + [
-        argindex_name(f.name) for f in program.funcs if f.keeps_argindex]
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     em = Emitter(shapes)
     w = em.out
-    with w.block(f"def forward({', '.join(params)}, status):"):
-        for f in program.funcs:
-            w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
-            depth = w.depth
-            _loop_nest(w, em, f.vars, f.shape)
-            store = em.index(f.name, f.vars, f.name)
-            if isinstance(f.body, Reduce):
-                _emit_reduction(w, em, f)
-            else:
-                w.line(f"{store} = {em.expr(f.body)}")
-            w.depth = depth
-        w.line("return None")
-    return w.text(), params, em.checks
+    w.depth = 1
+    for f in funcs:
+        w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
+        depth = w.depth
+        _loop_nest(w, em, f.vars, f.shape)
+        store = em.index(f.name, f.vars, f.name)
+        if isinstance(f.body, Reduce):
+            _emit_reduction(w, em, f)
+        else:
+            w.line(f"{store} = {em.expr(f.body)}")
+        w.depth = depth
+    w.line("return None")
+    return _function(em, entry), list(em.used), em.checks
 
 
 def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
@@ -209,7 +216,7 @@ def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
         w.line(f"{em.index(argindex_name(f.name), f.vars, f.name)} = arg")
 
 
-def emit_backward(program: Program, plans) -> tuple[str, list[str], list[str]]:
+def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], list[str]]:
     """The source of `backward(...)`: one gather loop nest per adjoint, then fallback scatters.
 
     `plans` are `AdjointPlan`s in order (outputs first), each adjoint's contributions inverted.
@@ -220,31 +227,30 @@ def emit_backward(program: Program, plans) -> tuple[str, list[str], list[str]]:
     computed = [p for p in plans if p.contributions]
     shapes |= {adjoint_name(p.adjoint.buffer): p.adjoint.shape for p in plans}
     shapes |= {"ct_" + p.adjoint.buffer: p.adjoint.shape for p in computed if p.adjoint.seeded}
-    params = list(shapes)
     em = Emitter(shapes)
     w = em.out
-    with w.block(f"def backward({', '.join(params)}, status):"):
-        for plan in computed:
-            adj = plan.adjoint
-            name = adjoint_name(adj.buffer)
-            gathers = [c for c in plan.contributions if isinstance(c, Gather)]
-            w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
-            split = interior(plan.new_vars, adj.shape, gathers)
+    w.depth = 1
+    for plan in computed:
+        adj = plan.adjoint
+        name = adjoint_name(adj.buffer)
+        gathers = [c for c in plan.contributions if isinstance(c, Gather)]
+        w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
+        split = interior(plan.new_vars, adj.shape, gathers)
 
-            def body(gs, adj=adj, name=name, plan=plan):
-                zero = em.const(0, adj.dtype)
-                w.line(f"acc = {em.index('ct_' + adj.buffer, plan.new_vars, name) if adj.seeded else zero}")
-                for g in gs:
-                    _emit_gather(w, em, g)
-                w.line(f"{em.index(name, plan.new_vars, name)} = acc")
+        def body(gs, adj=adj, name=name, plan=plan):
+            zero = em.const(0, adj.dtype)
+            w.line(f"acc = {em.index('ct_' + adj.buffer, plan.new_vars, name) if adj.seeded else zero}")
+            for g in gs:
+                _emit_gather(w, em, g)
+            w.line(f"{em.index(name, plan.new_vars, name)} = acc")
 
-            _split_loop_nest(w, em, plan.new_vars, adj.shape, split, lambda: body(gathers),
-                             lambda: body(split[1]))
-            for s in plan.contributions:
-                if not isinstance(s, Gather):
-                    _emit_scatter(w, em, s, name)
-        w.line("return None")
-    return w.text(), params, em.checks
+        _split_loop_nest(w, em, plan.new_vars, adj.shape, split, lambda: body(gathers),
+                         lambda: body(split[1]))
+        for s in plan.contributions:
+            if not isinstance(s, Gather):
+                _emit_scatter(w, em, s, name)
+    w.line("return None")
+    return _function(em, entry), list(em.used), em.checks
 
 
 def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, general, inside) -> None:
