@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -33,7 +34,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON,
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--markdown", type=Path, help="also write the markdown table here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    try:
+        args.cases = select(args.cases.split(",") if args.cases else None)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 def add_thp_timings(results: Sequence[CaseResult], *, repeat: int, small: bool) -> str | None:
@@ -55,7 +63,8 @@ def add_thp_timings(results: Sequence[CaseResult], *, repeat: int, small: bool) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cases = select(args.cases.split(",") if args.cases else None)
+    cases = args.cases
+    load_at_start = os.getloadavg()[0]
     peer_names = available_peers()
     notes = [f"{PEER_TITLES[p]} is not installed: its columns are skipped."
              for p in PEERS if p not in peer_names]
@@ -64,18 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                for case in cases]
     if "torch" in peer_names:
         failure = add_thp_timings(results, repeat=args.repeat, small=args.small)
-        notes.append(failure or "PyTorch: the faster of its default allocator and "
-                     "THP_MEM_ALLOC_ENABLE=1 (marked THP, run in a subprocess); forward under "
-                     "no_grad.")
+        notes += [failure] if failure else []
     torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None
     bounds = measure_machine(args.repeat, small=args.small, torch_module=torch_module)
-    notes += [
-        "halide_ad: `vjp_fn(ct)` after `out, vjp_fn = hd.vjp(f, *inputs)`, allocating fresh "
-        "gradients on every call (the public API offers no output-buffer reuse); first calls "
-        "include tracing and numba compilation, and the first case's also numba's thread start-up.",
-        "JAX: `jax.jit` of the vjp function applied to residuals from a jitted `jax.vjp`; XLA "
-        "sizes its own thread pool.",
-    ]
+    load = (load_at_start, os.getloadavg()[0])
+    notes.append(f"Load average (1 min): {load[0]:.1f} at the start, {load[1]:.1f} at the end, on "
+                 f"{os.cpu_count()} CPUs. Other processes' load skews every number here.")
     if args.small:
         notes.append("--small: tiny shapes and small bound problems; the times mean nothing.")
 
@@ -84,12 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                            peer_names=peer_names, notes=notes)
     print(markdown)
     settings = {"cases": [c.name for c in cases], "repeat": args.repeat, "small": args.small,
-                "threads": threads, "peers": peer_names}
+                "threads": threads, "peers": peer_names, "load_average_1min": load}
     args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes),
                                     indent=1) + "\n")
     if args.markdown:
         args.markdown.write_text(markdown)
-    failed = any(r.errors or not r.verified for r in results)
+    failed = any(r.errors or r.mismatch for r in results)
     return 1 if failed else 0
 
 

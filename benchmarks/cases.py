@@ -59,7 +59,7 @@ def blur3x3_nchw(x):
     )
 
 
-def conv2d(stride: int):
+def conv2d(stride: int) -> Callable[..., Any]:
     """Valid 2-D convolution (cross-correlation, as in torch) of x (N, C, H, W) with
     w (K, C, R, S) at the given stride."""
 
@@ -69,7 +69,7 @@ def conv2d(stride: int):
         K, _, R, S = w.shape
         c, r, s = hd.rdom(C, R, S)
         return hd.compute(
-            ((N, K, (H - R) // stride + 1, (W - S) // stride + 1)),
+            (N, K, (H - R) // stride + 1, (W - S) // stride + 1),
             lambda n, k, i, j: hd.sum(x[n, c, stride * i + r, stride * j + s] * w[k, c, r, s]),
             name=f"conv2d_stride{stride}",
         )
@@ -165,7 +165,7 @@ def torch_blur3x3(img):
     return torch_blur3x3_nchw(img[None, None])[0, 0]
 
 
-def torch_conv2d(stride: int):
+def torch_conv2d(stride: int) -> Callable[..., Any]:
     return lambda x, w: F.conv2d(x, w, stride=stride)
 
 
@@ -196,7 +196,7 @@ def torch_blur_relu_maxpool(x):
 # --- JAX programs ---------------------------------------------------------------------------------
 
 
-def _jax_window(x, init: float, op, window: tuple[int, int], stride: tuple[int, int]):
+def _jax_window(x, init: float, op: Callable, window: tuple[int, int], stride: tuple[int, int]):
     """reduce_window over the last two axes of x, valid padding."""
     lead = (1,) * (x.ndim - 2)
     return lax.reduce_window(x, init, op, lead + window, lead + stride, "VALID")
@@ -209,7 +209,7 @@ def jax_blur3x3(x):
     return _jax_window(padded, 0.0, lax.add, (3, 3), (1, 1)) / 9
 
 
-def jax_conv2d(stride: int):
+def jax_conv2d(stride: int) -> Callable[..., Any]:
     return lambda x, w: lax.conv_general_dilated(
         x, w, (stride, stride), "VALID", dimension_numbers=("NCHW", "OIHW", "NCHW")
     )

@@ -7,7 +7,8 @@ Ratios (computed once, in `ratios`, for both):
 
 A halide_ad time whose output or gradients did not match the reference peer is withheld from the
 table (marked ✗), and its ratios with it: the table never shows a wrong kernel's speed. The JSON
-keeps every number, with `verified` saying whether to trust it.
+keeps every number, with `mismatch` saying not to trust it. Without a peer to check against, times
+are shown but marked unchecked.
 """
 from __future__ import annotations
 
@@ -16,11 +17,26 @@ import platform
 from collections.abc import Sequence
 from dataclasses import asdict
 from importlib import metadata
+from typing import Literal
 
 from benchmarks.bounds import MachineBounds, Rate
 from benchmarks.runner import PEERS, CaseResult
 
 PEER_TITLES = {"torch": "PyTorch", "jax": "JAX"}
+TITLES = {"halide_ad": "halide_ad", **PEER_TITLES}
+Phase = Literal["forward", "backward"]
+PHASES: tuple[Phase, ...] = ("forward", "backward")
+SHORT = {"forward": "fwd", "backward": "bwd"}
+METHODS = {
+    "halide_ad": "halide_ad: `vjp_fn(ct)` after `out, vjp_fn = hd.vjp(f, *inputs)`, allocating "
+    "fresh gradients on every call (the public API offers no output-buffer reuse); first calls "
+    "include tracing and numba compilation, and the first case's also numba's thread start-up.",
+    "torch": "PyTorch: `torch.autograd.grad(y, inputs, ct, retain_graph=True)` on a graph built "
+    "once; forward under no_grad; the faster of the default allocator and THP_MEM_ALLOC_ENABLE=1 "
+    "(marked THP, run in a subprocess).",
+    "jax": "JAX: `jax.jit` of the vjp function applied to residuals from a jitted `jax.vjp`; "
+    "XLA sizes its own thread pool.",
+}
 
 
 def ratios(result: CaseResult, bounds: MachineBounds) -> dict[str, float | None]:
@@ -47,12 +63,23 @@ def _versions() -> dict[str, str | None]:
     return {"python": platform.python_version(), **{p: version(p) for p in packages}}
 
 
+def _cpu_model() -> str:
+    """The CPU's model name on Linux, else whatever `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: dict,
             notes: Sequence[str]) -> dict:
     return {
         "settings": settings,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "versions": _versions()},
+        "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "versions": _versions()},
         "bounds": {"copy_bandwidth_bytes_per_s": asdict(bounds.copy_bandwidth),
                    "sgemm_flop_per_s": asdict(bounds.sgemm)},
         "cases": [
@@ -66,7 +93,7 @@ def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: d
                 "torch_variants_ms": {name: asdict(t) for name, t in r.torch_variants.items()},
                 "reference": r.reference,
                 "checks": {what: asdict(check) for what, check in r.checks.items()},
-                "verified": r.verified,
+                "mismatch": r.mismatch,
                 "ratios": ratios(r, bounds),
                 "errors": r.errors,
             }
@@ -92,17 +119,25 @@ def _check_cell(result: CaseResult) -> str:
     if "halide_ad" in result.errors:
         return "error"
     if not result.checks:
-        return "unchecked"
+        return "unchecked (no peer)"
     failed = [what for what, check in result.checks.items() if not check.ok]
     return f"✗ {', '.join(failed)} vs {result.reference}" if failed else f"ok vs {result.reference}"
 
 
-def _peer_cell(result: CaseResult, peer: str, *, backward: bool) -> str:
-    timings = result.timings.get(peer)
+def _median_cell(result: CaseResult, library: str, phase: Phase) -> str:
+    """A library's median for `phase`; halide_ad's is withheld (✗) when its values mismatch."""
+    timings = result.timings.get(library)
     if timings is None:
-        return "error" if peer in result.errors else "–"
-    cell = _ms((timings.backward if backward else timings.forward).median_ms)
+        return "error" if library in result.errors else "–"
+    if library == "halide_ad" and result.mismatch:
+        return "✗"
+    cell = _ms(getattr(timings, phase).median_ms)
     return f"{cell} (THP)" if timings.variant == "THP" else cell
+
+
+def _first_call_cells(result: CaseResult, library: str) -> list[str]:
+    timings = result.timings.get(library)
+    return [f"{timings.first_call_s[phase]:.2f}" if timings else "–" for phase in PHASES]
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -116,35 +151,27 @@ def _backward_table(results: Sequence[CaseResult], bounds: MachineBounds,
               "best peer / halide_ad", "halide_ad / bound", "bwd / fwd", "check"]
     rows = []
     for r in results:
-        ours = r.timings.get("halide_ad")
-        shown = ours is not None and r.verified
-        ratio = ratios(r, bounds) if shown else {}
-        ours_cell = _ms(ours.backward.median_ms) if shown else ("✗" if ours else "error")
+        ratio = {} if r.mismatch else ratios(r, bounds)
         rows.append([
-            r.name, _ms(bounds.lower_bound_ms(r.cost)), ours_cell,
-            *(_peer_cell(r, p, backward=True) for p in peer_names),
-            _ratio(ratio.get("peer_speedup")), _ratio(ratio.get("over_bound")),
-            _ratio(ratio.get("backward_over_forward")), _check_cell(r),
+            r.name, _ms(bounds.lower_bound_ms(r.cost)),
+            *(_median_cell(r, library, "backward") for library in ("halide_ad", *peer_names)),
+            *(_ratio(ratio.get(key)) for key in ("peer_speedup", "over_bound",
+                                                 "backward_over_forward")),
+            _check_cell(r),
         ])
     return _table(header, rows)
 
 
 def _forward_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> list[str]:
+    compiled = ["halide_ad", *(p for p in peer_names if p == "jax")]  # torch compiles nothing
     header = ["case", "halide_ad fwd", *(f"{PEER_TITLES[p]} fwd" for p in peer_names),
-              "halide_ad first fwd (s)", "halide_ad first bwd (s)"]
-    if "jax" in peer_names:
-        header += ["JAX first fwd (s)", "JAX first bwd (s)"]
-    rows = []
-    for r in results:
-        ours = r.timings.get("halide_ad")
-        shown = ours is not None and r.verified
-        row = [r.name, _ms(ours.forward.median_ms) if shown else ("✗" if ours else "error"),
-               *(_peer_cell(r, p, backward=False) for p in peer_names)]
-        row += [f"{ours.first_call_s[k]:.2f}" if ours else "–" for k in ("forward", "backward")]
-        if "jax" in peer_names:
-            jax = r.timings.get("jax")
-            row += [f"{jax.first_call_s[k]:.2f}" if jax else "–" for k in ("forward", "backward")]
-        rows.append(row)
+              *(f"{TITLES[library]} first {SHORT[phase]} (s)" for library in compiled
+                for phase in PHASES)]
+    rows = [
+        [r.name, *(_median_cell(r, library, "forward") for library in ("halide_ad", *peer_names)),
+         *(cell for library in compiled for cell in _first_call_cells(r, library))]
+        for r in results
+    ]
     return _table(header, rows)
 
 
@@ -170,11 +197,12 @@ def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat:
         "gradients; conv2d and dense: FLOPs / SGEMM rate.",
         "* best peer / halide_ad above 1 means halide_ad's backward is faster; ✗ marks a halide_ad "
         "result that differs from the reference peer's, whose time is withheld.",
+        *(f"* {METHODS[library]}" for library in ("halide_ad", *peer_names)),
         *(f"* {note}" for note in notes),
     ]
     for r in results:
         lines += [f"* {r.name}: {library} raised {error}" for library, error in r.errors.items()]
-        lines += [f"* {r.name}: halide_ad's {what} differ from {r.reference}'s ({check.detail})"
+        lines += [f"* {r.name}: mismatch in halide_ad's {what} vs {r.reference}: {check.detail}"
                   for what, check in r.checks.items() if not check.ok]
     return "\n".join(lines) + "\n"
 
