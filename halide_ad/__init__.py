@@ -2,7 +2,7 @@
 program and its gradient into parallel numba kernels (gathers, not racy scatters)."""
 __version__ = "0.1.0"
 
-from halide_ad.errors import (BoundsError, DTypeError, HalideADError, InternalError,
+from halide_ad.errors import (BoundsError, DTypeError, HalideADError, HalideADWarning, InternalError,
                               NotDifferentiableError, ShapeError, TraceError)
 from halide_ad.expr import Expr
 from halide_ad.tensor import BoundaryView, Tensor, compute, rdom
@@ -31,8 +31,9 @@ def mirror(t: Tensor) -> BoundaryView:
 
 
 __all__ = [
-    "BoundaryView", "BoundsError", "DTypeError", "Expr", "Function", "HalideADError", "InternalError",
-    "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "argmax", "argmin", "atan2",
+    "BoundaryView", "BoundsError", "DTypeError", "Expr", "Function", "HalideADError", "HalideADWarning",
+    "InternalError", "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "argmax",
+    "argmin", "atan2",
     "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "erf", "exp",
     "explain", "floor", "func", "grad", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
     "mirror", "pow", "prod", "rdom", "relu", "repeat_edge", "round", "rsqrt", "sigmoid", "sign", "sin",

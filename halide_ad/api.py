@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import re
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ import numpy as np
 from halide_ad import ir
 from halide_ad.compiler import (AdjointPlan, Kernel, compile_forward, compile_gradient, run_backward,
                                 run_forward)
-from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, TraceError
+from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
 from halide_ad.tensor import BoundaryView, Tensor, add_func
 from halide_ad.trace import TraceState, current, tracing
 from halide_ad.traverse import walk
@@ -59,9 +60,13 @@ def _classify(name: str, value):
         if value.size == 0:
             raise ShapeError(f"argument {name!r} has shape {value.shape}, with no elements; every "
                              "dimension must be at least 1")
-        return "array", np.ascontiguousarray(value)
+        if not value.dtype.isnative:  # numba compiles native byte order only
+            value = value.astype(value.dtype.newbyteorder("="))
+        return "array", np.asarray(value, order="C")  # np.ascontiguousarray would make 0-d arrays 1-d
     if isinstance(value, (Tensor, BoundaryView)):
         return "tensor", value
+    if isinstance(value, (np.number, np.bool_)):  # a numpy scalar is a static option, as a Python number
+        return "static", value.item()
     if isinstance(value, _STATIC_TYPES) or (isinstance(value, tuple) and all(
             isinstance(v, _STATIC_TYPES) for v in value)):
         return "static", value
@@ -126,17 +131,34 @@ class Function:
         self.fn = fn
         self._traces: dict = {}
         self._lock = threading.Lock()
+        try:
+            self._signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # some builtins and C functions have none
+            self._signature = None
 
     def __repr__(self) -> str:
         return f"<hd.func {getattr(self.fn, '__qualname__', self.fn)}>"
 
     def __call__(self, *args, **kwargs):
         if current() is not None:
+            self._check_arguments(args, kwargs)
             return self.fn(*args, **kwargs)
         traced, arrays = self.trace(args, kwargs)
         return traced.outputs(traced.run(arrays))
 
+    def _check_arguments(self, args: tuple, kwargs: dict) -> None:
+        """Too many, too few or unknown arguments: the caller's mistake, named before tracing."""
+        if self._signature is None:
+            return
+        try:
+            self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            name = getattr(self.fn, "__name__", "fn")
+            raise ShapeError(f"{name}{self._signature} was called with {len(args)} positional and "
+                             f"{len(kwargs)} keyword argument(s): {e}", user_loc()) from None
+
     def trace(self, args: tuple, kwargs: dict) -> tuple[Traced, dict[str, np.ndarray]]:
+        self._check_arguments(args, kwargs)
         names = _param_names(self.fn, len(args))
         classified = [_classify(n, a) for n, a in zip(names, args, strict=True)]
         kw = {k: _classify(k, v) for k, v in sorted(kwargs.items())}
@@ -168,7 +190,15 @@ class Function:
         with tracing(state):
             sym_args = [symbolic(n, k, v) for n, (k, v) in zip(names, classified, strict=True)]
             sym_kwargs = {n: symbolic(n, k, v) for n, (k, v) in kw.items()}
-            result = self.fn(*sym_args, **sym_kwargs)
+            try:
+                result = self.fn(*sym_args, **sym_kwargs)
+            except (AttributeError, TypeError) as e:  # e.g. x.shape or x[i] where x is None or 3.0
+                statics = {n: v for n, (k, v) in list(zip(names, classified)) + list(kw.items())
+                           if k == "static"}
+                error = _static_used_as_array(e, statics, getattr(self.fn, "__name__", "fn"))
+                if error is None:
+                    raise
+                raise error from e
             leaves, rebuild = _flatten(result, f"the result of {self.fn.__name__}")
             outputs = []
             for leaf in leaves:
@@ -178,6 +208,38 @@ class Function:
         program = ir.Program(state.name, tuple(state.inputs), _live_funcs(state.funcs, outputs), tuple(outputs))
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
         return Traced(program, rebuild, arg_names, [k for k, _ in classified])
+
+
+_ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "size", "T", "sum", "mean", "max", "min",
+                               "prod", "reshape", "transpose"})
+
+
+def _static_used_as_array(e: Exception, statics: dict, fn_name: str) -> TraceError | None:
+    """A TraceError when `e` comes from a static argument (a number, a string, None) used as an
+    array: an array attribute (`x.shape`) or indexing (`x[i]`)."""
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    if isinstance(e, AttributeError):
+        if getattr(e, "name", None) not in _ARRAY_ATTRIBUTES:
+            return None
+        matches = [(n, v) for n, v in statics.items() if e.obj is v]
+        use = f"{{name}}.{e.name}"
+    else:  # the failing line's frame holds the very object that was subscripted
+        subscripted = re.fullmatch(r"'(\w+)' object is not subscriptable", str(e))
+        if subscripted is None:
+            return None
+        local_ids = {id(v) for v in tb.tb_frame.f_locals.values()}
+        matches = [(n, v) for n, v in statics.items()
+                   if type(v).__name__ == subscripted[1] and id(v) in local_ids]
+        use = "{name}[...]"
+    if not matches:
+        return None
+    name, value = matches[0]
+    loc = SourceLoc(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+    return TraceError(f"argument {name!r} of {fn_name} is {type(value).__name__} {value!r}, but "
+                      f"{fn_name} uses it as an array ({use.format(name=name)}): pass a numpy array "
+                      "(ints, floats, strings and None are static options, not data)", loc)
 
 
 def _copy(t: Tensor) -> Tensor:
@@ -221,6 +283,8 @@ def as_function(fn) -> Function:
 def _differentiable(traced: Traced, argnums: tuple[int, ...], fn_name: str) -> tuple[str, ...]:
     wrt = []
     for k in argnums:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+            raise NotDifferentiableError(f"argnums must be an int or a tuple of ints, got {k!r}")
         if not -len(traced.kinds) <= k < len(traced.kinds):
             raise NotDifferentiableError(f"argnums={k} but {fn_name} was called with "
                                          f"{len(traced.kinds)} positional argument(s)")

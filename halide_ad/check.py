@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from halide_ad.errors import DTypeError
+
 
 def check_grad(fn, *args, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-8,
                directions: int = 3, seed: int = 0) -> float:
@@ -15,7 +17,8 @@ def check_grad(fn, *args, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1
     args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args)
     float_args = [k for k, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype.kind == "f"]
     if not float_args:
-        raise ValueError("check_grad needs at least one float array argument")
+        got = ", ".join(str(a.dtype) if isinstance(a, np.ndarray) else type(a).__name__ for a in args)
+        raise DTypeError(f"check_grad needs at least one float32 or float64 array argument, got {got or 'none'}")
     rng = np.random.default_rng(seed)
     out, vjp_fn = vjp(fn, *args)
     outs = _flatten_values(out)

@@ -72,6 +72,10 @@ class TraceError(HalideADError):
     """Python control flow on symbolic values, or a construct halide_ad cannot trace."""
 
 
+class HalideADWarning(UserWarning):
+    """Not an error: halide_ad chose a slower safe path, e.g. a scatter where z3 timed out."""
+
+
 class InternalError(Exception):
     """A broken invariant inside halide_ad: a bug in halide_ad, never the user's fault."""
 

@@ -23,7 +23,6 @@ class Expr:
     """A symbolic scalar inside `hd.compute`: an index variable, a tensor element, or math on them."""
 
     __slots__ = ("node", "weak")
-    __array_ufunc__ = None  # `np.float32(2) * e` defers to Expr.__rmul__ instead of making arrays
 
     def __init__(self, node: ir.Expr, weak: bool = False):
         self.node = node
@@ -64,10 +63,18 @@ class Expr:
     def __pos__(self): return self
     def __invert__(self): return call("not", self)
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self):
+        raise TraceError(f"the symbolic value `{self.node}` cannot be a dict key or a set member "
+                         "while tracing; choose between values with hd.where", user_loc())
 
     def __bool__(self):
         raise TraceError(_CONTROL_FLOW_HINT.format(e=self.node), user_loc())
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return array_function(func, args)
 
     def __abs__(self):
         raise TraceError(f"Python's abs() on the symbolic value `{self.node}`: use hd.abs(x)", user_loc())
@@ -77,8 +84,10 @@ class Expr:
                          user_loc())
 
     def _not_a_number(self, *args):
-        raise TraceError(f"`{self.node}` is symbolic and has no Python value while tracing; "
-                         "keep it symbolic (use hd.cast(x, dtype) to change its type)", user_loc())
+        raise TraceError(f"`{self.node}` is symbolic and has no Python value while tracing, so Python's "
+                         "math module, int(), float() and list indexing cannot use it: use halide_ad's "
+                         "math (hd.sin, hd.exp, ...), index tensors, and hd.cast(x, dtype) to change "
+                         "its type", user_loc())
 
     __int__ = __float__ = __index__ = __complex__ = __iter__ = __array__ = _not_a_number
 
@@ -145,6 +154,50 @@ def _like(*xs) -> str | None:
     return next((ir.dtype_of(x.node) for x in xs if isinstance(x, Expr)), None)
 
 
+# numpy's operator ufuncs, so that `np.float32(2) * e` builds the same expression as `2 * e`
+_UFUNC_OPS = {np.add: ir.Op.ADD, np.subtract: ir.Op.SUB, np.multiply: ir.Op.MUL, np.true_divide: ir.Op.DIV,
+              np.floor_divide: ir.Op.FLOORDIV, np.remainder: ir.Op.MOD, np.power: ir.Op.POW,
+              np.less: ir.Op.LT, np.less_equal: ir.Op.LE, np.greater: ir.Op.GT,
+              np.greater_equal: ir.Op.GE, np.equal: ir.Op.EQ, np.not_equal: ir.Op.NE}
+# numpy spellings of halide_ad functions, for the error message
+_HD_NAMES = {"absolute": "abs", "fabs": "abs", "rint": "round", "arctan2": "atan2", "fmax": "maximum",
+             "fmin": "minimum", "clip": "clamp", "amax": "max", "amin": "min", "around": "round"}
+
+
+def _symbolic_operand(values):
+    from halide_ad.tensor import is_tensorlike
+    return next((v for v in values if isinstance(v, Expr) or is_tensorlike(v)), None)
+
+
+def _use_instead(name: str) -> str:
+    import halide_ad
+    hd_name = _HD_NAMES.get(name, name)
+    if hd_name in getattr(halide_ad, "__all__", ()):
+        return f"use hd.{hd_name}, which works inside hd.compute and on hd.Tensors"
+    return "halide_ad has no such function: build it from hd's math (hd.exp, hd.where, hd.sum, ...)"
+
+
+def array_ufunc(ufunc, method: str, inputs: tuple, kwargs: dict):
+    """numpy ufuncs on symbolic values: the operators build IR; anything else is a TraceError."""
+    if method == "__call__" and not kwargs and ufunc in _UFUNC_OPS and len(inputs) == 2:
+        return binary(_UFUNC_OPS[ufunc], *inputs)
+    if method == "__call__" and not kwargs and ufunc in (np.negative, np.positive) and len(inputs) == 1:
+        return -inputs[0] if ufunc is np.negative else inputs[0]
+    x = _symbolic_operand(inputs)
+    shown = getattr(x, "node", x)
+    raise TraceError(f"numpy's np.{ufunc.__name__}{'' if method == '__call__' else '.' + method} cannot "
+                     f"compute on the symbolic value `{shown}` while tracing: {_use_instead(ufunc.__name__)}",
+                     user_loc())
+
+
+def array_function(func, args: tuple):
+    """numpy functions (np.sum, np.where, np.concatenate, ...) on symbolic values: a TraceError."""
+    x = _symbolic_operand([a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else (arg,))])
+    shown = getattr(x, "node", x)
+    raise TraceError(f"numpy's np.{func.__name__} cannot run on the symbolic value `{shown}` while "
+                     f"tracing: {_use_instead(func.__name__)}", user_loc())
+
+
 def binary(op: ir.Op, a, b):
     from halide_ad.tensor import is_tensorlike, tensor_binary
     if is_tensorlike(a) or is_tensorlike(b):
@@ -159,6 +212,10 @@ def binary(op: ir.Op, a, b):
         lb = ir.const(lb.value, ir.dtype_of(la))  # x ** 2 keeps x's float type
     if op in (ir.Op.FLOORDIV, ir.Op.MOD) and isinstance(lb, ir.Const) and lb.value == 0:
         raise TraceError(f"division by zero in `{la} {op.value} 0`", user_loc())
+    if (op is ir.Op.POW and isinstance(lb, ir.Const) and lb.value < 0
+            and not ir.is_float(ir.dtype_of(la)) and not ir.is_float(lb.dtype)):
+        raise TraceError(f"`{la} ** {lb.value}`: integers to negative integer powers are not allowed "
+                         "(as in numpy); cast first, e.g. hd.cast(x, 'float64') ** -1", user_loc())
     return _fold(ir.Bin(op, la, lb), weak and op not in ir.COMPARISONS)
 
 

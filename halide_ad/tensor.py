@@ -2,30 +2,65 @@
 and the numpy-style sugar (broadcasting arithmetic, reshape, transpose, slicing)."""
 from __future__ import annotations
 
+import dis
 import inspect
 import math
 import numbers
+import sys
 
 import numpy as np
 
 from halide_ad import ir
-from halide_ad.errors import BoundsError, ShapeError, TraceError, user_loc
-from halide_ad.expr import Expr, binary, to_node
+from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, user_loc
+from halide_ad.expr import Expr, array_function, array_ufunc, binary, to_node
 from halide_ad.trace import TraceState, current, require
 from halide_ad.traverse import free_vars, rewrite, substitute
+
+
+class Shape(tuple):
+    """A Tensor's shape: a plain tuple, except that unpacking or indexing it with the wrong rank
+    (`N, C, H, W = x.shape` for a 3-d x) is a ShapeError that names the tensor, not a bare
+    ValueError from Python."""
+
+    def __new__(cls, dims, owner: str):
+        self = super().__new__(cls, dims)
+        self.owner = owner
+        return self
+
+    def __iter__(self):
+        frame = sys._getframe(1)
+        code = frame.f_code.co_code
+        at = frame.f_lasti
+        if 0 <= at < len(code) - 1 and code[at] == _UNPACK_SEQUENCE and code[at + 1] != len(self) and (
+                at < 2 or code[at - 2] != _EXTENDED_ARG):
+            raise ShapeError(f"{self.owner} has shape {tuple(self)} ({len(self)} dimension(s)), but "
+                             f"{frame.f_code.co_name} unpacks its shape into {code[at + 1]} names: "
+                             "pass an array of the rank it expects",
+                             SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        return super().__iter__()
+
+    def __getitem__(self, k):
+        if isinstance(k, numbers.Integral) and not -len(self) <= k < len(self):
+            raise ShapeError(f"{self.owner} has shape {tuple(self)} ({len(self)} dimension(s)), so "
+                             f"{self.owner}.shape[{k}] does not exist: pass an array of the rank the "
+                             "program expects", user_loc())
+        return super().__getitem__(k)
+
+
+_UNPACK_SEQUENCE = dis.opmap["UNPACK_SEQUENCE"]
+_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
 
 
 class Tensor:
     """A whole symbolic array while tracing: a function input or the result of `hd.compute`."""
 
     __slots__ = ("buffer",)
-    __array_ufunc__ = None
 
     def __init__(self, buffer: ir.Buffer):
         self.buffer = buffer
 
     name = property(lambda self: self.buffer.name)
-    shape = property(lambda self: self.buffer.shape)
+    shape = property(lambda self: Shape(self.buffer.shape, self.buffer.name))
     ndim = property(lambda self: len(self.buffer.shape))
     dtype = property(lambda self: np.dtype(self.buffer.dtype))
     size = property(lambda self: math.prod(self.buffer.shape))
@@ -41,7 +76,31 @@ class Tensor:
         return slice_tensor(self, index)
 
     def __bool__(self):
-        raise TraceError(f"{self} has no truth value while tracing; use hd.where for choices", user_loc())
+        raise TraceError(f"{self} has no truth value while tracing: Python control flow (`if`, `while`, "
+                         "`and`/`or`) and the builtins max/min cannot branch on symbolic tensors; use "
+                         "hd.where(cond, a, b), hd.maximum(a, b) or hd.minimum(a, b)", user_loc())
+
+    def __abs__(self):
+        raise TraceError(f"Python's abs() on the symbolic tensor {self.name}: use hd.abs({self.name})",
+                         user_loc())
+
+    def __round__(self, ndigits=None):
+        raise TraceError(f"Python's round() on the symbolic tensor {self.name}: use hd.round({self.name})",
+                         user_loc())
+
+    def _not_a_number(self, *args):
+        raise TraceError(f"{self} is symbolic and has no Python or numpy value while tracing; keep it "
+                         "symbolic, with halide_ad's functions (hd.exp, hd.sum, hd.cast, ...)", user_loc())
+
+    __int__ = __float__ = __index__ = __complex__ = __array__ = _not_a_number
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func in (np.shape, np.ndim, np.size) and len(args) == 1 and not kwargs:
+            return getattr(self, func.__name__)  # np.shape(t), np.ndim(t), np.size(t)
+        return array_function(func, args)
 
     def __len__(self):
         if not self.shape:
@@ -68,7 +127,10 @@ class Tensor:
     def __ne__(self, o): return binary(ir.Op.NE, self, o)  # type: ignore[override]
     def __neg__(self): return map_elementwise(lambda a: -a, (self,), "neg")
     def __matmul__(self, o): return matmul(self, o)
-    __hash__ = object.__hash__
+    def __hash__(self):  # == builds an expression, so a Tensor cannot be a dict key (as JAX's tracers)
+        raise TraceError(f"the symbolic tensor {self.name} cannot be a dict key or a set member while "
+                         "tracing; was an array passed where a static option (a string or a number) "
+                         "is expected?", user_loc())
 
     def sum(self, axis=None, keepdims=False): return reduce("sum", self, axis=axis, keepdims=keepdims)
     def prod(self, axis=None, keepdims=False): return reduce("prod", self, axis=axis, keepdims=keepdims)
@@ -155,6 +217,9 @@ def _mirror_index(e: ir.Expr, n: int) -> ir.Expr:
     if isinstance(e, ir.Const):
         period = 2 * (n - 1)
         return ir.const(n - 1 - abs(n - 1 - abs(e.value) % period))
+    span = _span(e)
+    if span is not None and 0 <= span[0] and span[1] <= n - 1:
+        return e  # provably inside: no reflection, and no boundary pieces for the inverter
     folded = ir.Bin(ir.Op.MOD, ir.Call("abs", (e,)), ir.const(2 * (n - 1)))
     return ir.Bin(ir.Op.SUB, ir.const(n - 1), ir.Call("abs", (ir.Bin(ir.Op.SUB, ir.const(n - 1), folded),)))
 
@@ -191,7 +256,14 @@ def _check_shape(shape, what: str) -> tuple[int, ...]:
         if n <= 0:
             raise ShapeError(f"{what} {shape} has a dimension of size {n}; every extent must be "
                              "positive", user_loc())
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise ShapeError(f"{what} {shape} has {math.prod(shape):.3g} elements, more than any machine "
+                         f"can hold (halide_ad's limit is 2**{MAX_ELEMENTS.bit_length() - 1}); "
+                         "check the sizes", user_loc())
     return tuple(int(n) for n in shape)
+
+
+MAX_ELEMENTS = 2 ** 48  # 2 PiB of float64: far past any machine, and far from int64 index overflow
 
 
 _DEFAULT_VAR_NAMES = ("i", "j", "k", "l", "m", "n")
@@ -213,6 +285,9 @@ def _param_names(fn, count: int) -> list[str]:
 def compute(shape, fn, name: str | None = None) -> Tensor:
     """A new Tensor whose element at index vars `(i, ...)` is `fn(i, ...)`."""
     state = require("hd.compute")
+    if not callable(fn):
+        raise TraceError(f"hd.compute needs a function of the index variables, e.g. lambda i, j: ..., "
+                         f"got {type(fn).__name__} {fn!r}", user_loc())
     if state.compute_vars is not None:
         raise TraceError("hd.compute was called inside another hd.compute's function; build the "
                          "inner tensor first, outside, and index it", user_loc())
@@ -324,12 +399,39 @@ def reduce(op: str, x, axis=None, keepdims: bool = False):
         raise TraceError(f"hd.{op}(`{node}`) has no reduction variable to reduce over; make "
                          "some with hd.rdom(...) and use them in the expression", user_loc())
     rvars.sort(key=list(state.var_ranges).index)
+    _check_contraction(state, node, rvars)
     where = None
     for p in sorted(preds, key=str):
         where = p if where is None else ir.Bin(ir.Op.AND, where, p)
     if op in ("max", "min", "argmax", "argmin") and ir.dtype_of(node) == "bool":
         node = ir.cast(ir.INDEX_DTYPE, node)
     return Expr(ir.Reduce(op, node, tuple(state.var_ranges[v] for v in rvars), where, user_loc()))
+
+
+def _check_contraction(state: TraceState, node: ir.Expr, rvars: list[ir.Var]) -> None:
+    """A reduction variable that indexes tensors directly must span dimensions of one size, as in
+    einsum: in `hd.sum(x[n, c, i + r, j + s] * w[k, c, r, s])` dimension 1 of x and of w are both c.
+    If they differ (a conv whose channel counts disagree), the sum would skip part of one tensor or
+    read past the other."""
+    from halide_ad.solver.bounds import guarded_loads
+    seen: dict[ir.Var, tuple[ir.Load, int, int]] = {}
+    for load, conds in guarded_loads(node):
+        if conds:  # under a select (constant_exterior): partial reads may be the point
+            continue
+        shape = state.buffer(load.buffer).shape
+        for d, e in enumerate(load.index):
+            if isinstance(e, ir.Cast):
+                e = e.value
+            if not (isinstance(e, ir.Var) and e in rvars):
+                continue
+            first, d0, n0 = seen.setdefault(e, (load, d, shape[d]))
+            if n0 != shape[d]:
+                raise ShapeError(
+                    f"`{first}` and `{load}` share the reduction variable {e.name}, but it indexes "
+                    f"dimension {d0} of {first.buffer} (size {n0}) and dimension {d} of {load.buffer} "
+                    f"(size {shape[d]}): the shapes disagree (e.g. a convolution whose channel counts "
+                    "differ). Check the arguments' shapes, or read the part you mean through a slice "
+                    "of the larger tensor.", load.loc or user_loc())
 
 
 def _axes(axis, ndim: int) -> tuple[int, ...]:

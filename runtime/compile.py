@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import importlib
+import json
 import os
 import sys
 import tempfile
@@ -76,16 +77,18 @@ def interpret_kernel(source: str, entry: str, title: str):
 
 
 def compile_kernel(source: str, entry: str, title: str):
-    """The numba function `entry` defined in `source` (compiled on first call, then cached)."""
+    """The numba function `entry` defined in `source` (compiled on first call, then cached on disk,
+    where a corrupted or stale entry is detected and rebuilt)."""
     if not jit_enabled():
         return interpret_kernel(source, entry, title)
     text = HEADER.format(title=title) + source.replace(f"def {entry}(", f"@njit(parallel=True, cache=True)\ndef {entry}(", 1)
     digest = hashlib.sha256((_version_salt() + text).encode()).hexdigest()[:24]
     with _lock:
         if digest in _loaded:
-            return getattr(_loaded[digest], entry)
+            return _loaded[digest]
         path = os.path.join(cache_dir(), f"k_{digest}.py")
-        if not _file_matches(path, text):
+        stale = not _file_matches(path, text)  # missing, truncated or garbled: write it afresh
+        if stale:
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
             with os.fdopen(fd, "w") as fh:
                 fh.write(text)
@@ -96,8 +99,85 @@ def compile_kernel(source: str, entry: str, title: str):
             sys.path.append(os.path.dirname(path))
         importlib.invalidate_caches()
         module = importlib.import_module(f"k_{digest}")
-        _loaded[digest] = module
-        return getattr(module, entry)
+        kernel = _Sealed(getattr(module, entry), path)
+        _discard_untrusted_machine_code(kernel, forget=stale)
+        _loaded[digest] = kernel
+        return kernel
+
+
+class _Sealed:
+    """A numba dispatcher whose machine code in numba's on-disk cache gets checksummed whenever it
+    compiles (or loads) a new overload, so that a later process can tell a good cache entry from a
+    truncated, garbled or half-written one before numba loads it."""
+
+    __slots__ = ("_overloads", "dispatcher", "source_path")
+
+    def __init__(self, dispatcher, source_path: str):
+        self.dispatcher = dispatcher
+        self.source_path = source_path
+        self._overloads = 0
+
+    def __call__(self, *args):
+        result = self.dispatcher(*args)
+        if len(self.dispatcher.overloads) != self._overloads:
+            with _lock:
+                self._overloads = len(self.dispatcher.overloads)
+                _write_checksums(self)
+        return result
+
+    def machine_code(self) -> tuple[str | None, list[str]]:
+        """numba's cache folder for this kernel's module, and the module's index and data files."""
+        folder = getattr(getattr(self.dispatcher, "_cache", None), "_cache_path", None)
+        if folder is None or not os.path.isdir(folder):
+            return folder, []
+        prefix = os.path.splitext(os.path.basename(self.source_path))[0] + "."
+        return folder, sorted(f for f in os.listdir(folder)
+                              if f.startswith(prefix) and f.endswith((".nbi", ".nbc")))
+
+    @property
+    def checksum_path(self) -> str:
+        return os.path.splitext(self.source_path)[0] + ".sha256"
+
+
+def _sha256(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def _write_checksums(kernel: _Sealed) -> None:
+    folder, files = kernel.machine_code()
+    if folder is None:
+        return
+    sums = {f: _sha256(os.path.join(folder, f)) for f in files}
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(kernel.checksum_path), suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(sums, fh)
+    os.replace(tmp, kernel.checksum_path)
+
+
+def _discard_untrusted_machine_code(kernel: _Sealed, *, forget: bool) -> None:
+    """Delete numba's cache files for `kernel` unless each matches the checksum recorded when it
+    was written (numba itself would load a garbled file and fail, or worse). `forget`: the source
+    was rewritten, so whatever machine code is there belongs to other text."""
+    folder, files = kernel.machine_code()
+    if not files:
+        return
+    try:
+        with open(kernel.checksum_path) as fh:
+            expected = json.load(fh)
+    except (OSError, ValueError):
+        expected = {}
+    if not forget and isinstance(expected, dict) and all(
+            expected.get(f) is not None and expected.get(f) == _sha256(os.path.join(folder, f)) for f in files):
+        return
+    for f in files + [kernel.checksum_path]:
+        try:
+            os.remove(os.path.join(folder, f))
+        except FileNotFoundError:  # a concurrent process got there first
+            pass
 
 
 def _file_matches(path: str, text: str) -> bool:

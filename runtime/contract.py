@@ -118,7 +118,7 @@ def _view(array, index, env, ranges, letters):
         start = offset + c * r.lo
         slices.append(slice(start, start + c * (r.hi - r.lo - 1) + 1, c))
         subs += letters[v]
-    return array[tuple(slices)], subs
+    return array[tuple(slices) + (Ellipsis,)], subs  # with `...`, a 0-d result is a view, not a copy
 
 
 def _factors(value: Expr) -> tuple[list[Load], float] | None:

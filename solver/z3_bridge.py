@@ -22,9 +22,11 @@ class Unsupported(Exception):
 @dataclass
 class Query:
     """One z3 context and solver, with an Int per Var; integer Loads are uninterpreted functions."""
-    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    timeout_ms: int | None = None  # None: DEFAULT_TIMEOUT_MS, read when the query is made
 
     def __post_init__(self):
+        if self.timeout_ms is None:
+            self.timeout_ms = DEFAULT_TIMEOUT_MS
         self.ctx = z3.Context()
         self.solver = z3.Solver(ctx=self.ctx)
         self.solver.set(timeout=self.timeout_ms)
