@@ -51,6 +51,11 @@ def _flatten(obj, where: str = "the result"):
 
 # ---- arguments ----------------------------------------------------------------------------------
 
+def _is_static(value) -> bool:
+    """Python numbers, strings, dtypes, None, and (nested) tuples of them: hashable options."""
+    return isinstance(value, _STATIC_TYPES) or (isinstance(value, tuple) and all(_is_static(v) for v in value))
+
+
 def _classify(name: str, value):
     """('array', ndarray) for arrays, ('static', value) for the rest, or a clear error."""
     if isinstance(value, np.ndarray):
@@ -67,9 +72,10 @@ def _classify(name: str, value):
         return "tensor", value
     if isinstance(value, (np.number, np.bool_)):  # a numpy scalar is a static option, as a Python number
         return "static", value.item()
-    if isinstance(value, _STATIC_TYPES) or (isinstance(value, tuple) and all(
-            isinstance(v, _STATIC_TYPES) for v in value)):
+    if _is_static(value):
         return "static", value
+    if isinstance(value, list) and _is_static(tuple(value)):  # a list option, kept hashable
+        return "static", tuple(value)
     raise TraceError(f"argument {name!r} is a {type(value).__name__}; pass numpy arrays for data "
                      "and ints, floats, strings or tuples of them for static options "
                      "(convert with np.asarray)")
