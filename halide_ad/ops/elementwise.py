@@ -120,6 +120,8 @@ def clip(x, a_min=None, a_max=None):
         raise TraceError("ops.clip: give a_min, a_max or both", user_loc())
     lo = None if a_min is None else _operand("clip", "a_min", a_min)
     hi = None if a_max is None else _operand("clip", "a_max", a_max)
+    if isinstance(lo, numbers.Real) and isinstance(hi, numbers.Real) and lo > hi:
+        raise TraceError(f"ops.clip: a_min={lo!r} is larger than a_max={hi!r}", user_loc())
     if lo is None:
         return _map("clip", lambda e, h: hd.where(e > h, h, e), x, hi)
     if hi is None:

@@ -108,6 +108,8 @@ def test_argument_checks():
         hd.func(lambda a, b: ops.add(a, b))(np.ones(3), np.ones(4))
     with pytest.raises(hd.ShapeError, match="alpha has 2 entries"):
         hd.func(lambda x, a: ops.prelu(x, a))(np.ones((1, 3, 2)), np.ones(2))
+    with pytest.raises(hd.TraceError, match="a_min=1.0 is larger than a_max=0.0"):
+        ops.clip(np.ones(2), 1.0, 0.0)
     with pytest.raises(hd.TraceError, match="give a_min, a_max or both"):
         hd.func(lambda x: ops.clip(x))(np.ones(2))
     with pytest.raises(hd.TraceError, match="at least one operand must be an hd.Tensor"):

@@ -60,9 +60,8 @@ def class_losses(logits, target, weight, target_ignored, logits4, target4):
     return {
         "cross_entropy": ops.cross_entropy(logits, target),
         "cross_entropy_weighted": ops.cross_entropy(logits, target_ignored, weight),
-        "cross_entropy_sum_ignore": ops.cross_entropy(logits, target, reduction="sum", ignore_index=2),
         "cross_entropy_4d": ops.cross_entropy(logits4, target4, reduction="none"),
-        "nll_loss": ops.nll_loss(logp, target, reduction="sum"),
+        "nll_loss_sum_ignore": ops.nll_loss(logp, target, reduction="sum", ignore_index=2),
     }
 
 
@@ -72,9 +71,8 @@ def torch_class_losses(logits, target, weight, target_ignored, logits4, target4)
     return {
         "cross_entropy": F.cross_entropy(logits, target),
         "cross_entropy_weighted": F.cross_entropy(logits, target_ignored, w),
-        "cross_entropy_sum_ignore": F.cross_entropy(logits, target, reduction="sum", ignore_index=2),
         "cross_entropy_4d": F.cross_entropy(logits4, target4, reduction="none"),
-        "nll_loss": F.nll_loss(F.log_softmax(logits, 1), target, reduction="sum"),
+        "nll_loss_sum_ignore": F.nll_loss(F.log_softmax(logits, 1), target, reduction="sum", ignore_index=2),
     }
 
 
