@@ -141,7 +141,7 @@ def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:
             case "sum":
                 pass
             case "max" | "min":  # only the first extremal element receives the gradient
-                conds.append(Bin(Op.EQ, flat_index(body.rvars), Load(argindex_name(f.name), f.vars, "int64")))
+                conds.append(Bin(Op.EQ, flat_index(body.rvars), Load(argindex_name(f.name), f.vars, f.argindex_dtype)))
             case "prod":  # the product of the other elements: no division, so zeros are fine
                 g = _mul(g, _exclusive_product(body))
             case _:

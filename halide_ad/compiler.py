@@ -38,8 +38,7 @@ class NumbaStep:
         status = np.zeros(3, np.int64)
         self.fn(*(buffers[p] for p in self.params), status)
         if status[0]:
-            raise BoundsError(f"a data-dependent index was {status[2]}, outside {self.checks[status[1]]}. "
-                              "Clamp the index (hd.clamp) or fix the index data.")
+            raise BoundsError(self.checks[status[1]].replace("{value}", str(status[2])))
 
 
 @dataclass
@@ -192,7 +191,7 @@ def run_forward(program: Program, kernel: Kernel, inputs: dict[str, np.ndarray])
     for f in program.funcs:
         buffers[f.name] = allocate(f.shape, f.dtype)
         if f.keeps_argindex:
-            buffers[argindex_name(f.name)] = allocate(f.shape, "int64")
+            buffers[argindex_name(f.name)] = allocate(f.shape, f.argindex_dtype)
     kernel(buffers)
     return buffers
 

@@ -9,6 +9,7 @@ build nodes with the helpers at the bottom, which fold constants and resolve dty
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -78,6 +79,11 @@ class Call(Expr):
     """A pure math function of its arguments, by name: `neg`, `not`, `exp`, `abs`, `atan2`, ..."""
     fn: str
     args: tuple[Expr, ...]
+
+
+# `Call(RUN_TIME_CHECKED, (index,))` is `index`, marking an index whose bounds no proof settled (a z3
+# timeout): the kernels check it when they run, as they check data-dependent indices.
+RUN_TIME_CHECKED = "checked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +164,14 @@ class Func:
     def keeps_argindex(self) -> bool:
         """max/min reductions store where the extremum was, for their gradient."""
         return isinstance(self.body, Reduce) and self.body.op in ("max", "min")
+
+
+    @property
+    def argindex_dtype(self) -> str:
+        """The narrowest integer dtype holding every window position (and -1): less memory traffic
+        for the forward pass that stores it and the gradient that reads it."""
+        positions = math.prod(r.hi - r.lo for r in self.body.rvars)
+        return next(t for t in ("int8", "int16", "int32", "int64") if positions <= np.iinfo(t).max)
 
 
 def argindex_name(func_name: str) -> str:

@@ -6,6 +6,7 @@ import dis
 import inspect
 import math
 import numbers
+import os
 import sys
 
 import numpy as np
@@ -314,10 +315,24 @@ def compute(shape, fn, name: str | None = None) -> Tensor:
 
 
 def add_func(state: TraceState, func: ir.Func) -> ir.Func:
-    from halide_ad.solver.bounds import check_bounds
-    check_bounds(func, state.buffer)
+    from halide_ad.solver.bounds import check_bounds, func_domain
+    domain, _ = func_domain(func)
+    points = math.prod(r.hi - r.lo for r in domain)
+    if points > max_points():
+        rdoms = [(r.lo, r.hi) for r in domain[len(func.domain):]]
+        raise ShapeError(f"{func.name} loops over {points:.3g} points (shape {func.shape}"
+                         + (f", reduction ranges {rdoms}" if rdoms else "")
+                         + f"), past halide_ad's limit of {max_points():.3g} points per stage, which "
+                         "stops a wrong size from running for hours; check the sizes, or raise the "
+                         "limit with the environment variable HALIDE_AD_MAX_POINTS", func.loc)
+    func = check_bounds(func, state.buffer)
     state.funcs.append(func)
     return func
+
+
+def max_points() -> int:
+    """The most loop iterations one stage may run: 2**36 by default, minutes of work on one core."""
+    return int(os.environ.get("HALIDE_AD_MAX_POINTS", str(2 ** 36)))
 
 
 def _lift_reductions(state: TraceState, body: ir.Expr, fvars, fname: str) -> ir.Expr:
@@ -363,6 +378,9 @@ def rdom(*extents, where=None):
                 raise ShapeError(f"hd.rdom extent {e!r} must be an int or a (lo, hi) pair of ints", user_loc())
         if hi <= lo:
             raise ShapeError(f"hd.rdom extent {e!r} is empty; extents must be positive", user_loc())
+        if max(abs(lo), abs(hi)) > MAX_ELEMENTS:
+            raise ShapeError(f"hd.rdom extent {e!r} reaches past 2**{MAX_ELEMENTS.bit_length() - 1}, "
+                             "beyond any array halide_ad can index; check the sizes", user_loc())
         v = ir.Var(state.fresh_name("r"))
         state.var_ranges[v] = ir.Range(v, int(lo), int(hi))
         state.reduction_vars.add(v)

@@ -7,12 +7,13 @@ per element, `prange` over the outermost useful dimension), then any fallback sc
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
-from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Reduce, Select, Var,
+from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Reduce, Select, Var,
                           adjoint_name, argindex_name, dtype_of, is_float)
 from halide_ad.show import show, show_func
-from halide_ad.solver.bounds import is_data_dependent
+from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.runtime.schedule import interior
 from halide_ad.runtime.writer import Writer
 
@@ -27,7 +28,7 @@ class Emitter:
     """Python text for expressions, with buffer shapes for 0-d buffers and run-time index checks."""
     shapes: dict[str, tuple[int, ...]]
     names: dict[Var, str] = field(default_factory=dict)
-    checks: list[str] = field(default_factory=list)  # what each run-time index check guards
+    checks: list[str] = field(default_factory=list)  # each run-time index check's error, with {value}
     out: Writer = field(default_factory=Writer)
     used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
 
@@ -57,9 +58,13 @@ class Emitter:
         parts = []
         for d, e in enumerate(index):
             text = self.expr(e)
-            if is_data_dependent(e):
-                self.checks.append(f"dimension {d} of {buffer} (valid: 0..{self.shapes[buffer][d] - 1}), "
-                                   f"read at {loc_text}")
+            if checked_at_run_time(e):
+                kind, fix = (("a data-dependent index", "Clamp the index (hd.clamp) or fix the index data")
+                             if is_data_dependent(e) else
+                             ("an index z3 could not bound", "Read through a boundary view or shrink "
+                              "the output so that every read stays inside"))
+                self.checks.append(f"{kind} was {{value}}, outside dimension {d} of {buffer} "
+                                   f"(valid: 0..{self.shapes[buffer][d] - 1}), read at {loc_text}. {fix}.")
                 text = f"checked({text}, {self.shapes[buffer][d]}, status, {len(self.checks) - 1})"
             parts.append(text)
         return f"{buffer}[{', '.join(parts)}]"
@@ -76,6 +81,11 @@ class Emitter:
                 # numpy's minimum/maximum propagate NaN from either side; the builtins do not
                 fn = op.value if not is_float(dtype_of(e)) else f"np.{op.value}imum"
                 return f"{fn}({self.expr(a)}, {self.expr(b)})"
+            case Bin(Op.FLOORDIV | Op.MOD as op, a, Const(k)) if _is_power_of_two(k) and not is_float(dtype_of(a)):
+                # floor division and mod by 2**n are a shift and a mask, also for negative ints
+                # (two's complement); numba's `//` tests the divisor and fixes the sign
+                x = self.expr(a)
+                return f"({x} >> {k.bit_length() - 1})" if op is Op.FLOORDIV else f"({x} & {k - 1})"
             case Bin(Op.POW, a, Const(2)):
                 x = self.expr(a)
                 return f"({x} * {x})"
@@ -85,6 +95,8 @@ class Emitter:
                 return f"({self.expr(a)} {op.value} {self.expr(b)})"
             case Call("neg", (a,)):
                 return f"(-{self.expr(a)})"
+            case Call(fn, (a,)) if fn == RUN_TIME_CHECKED:  # Emitter.index adds the check
+                return self.expr(a)
             case Call("not", (a,)):
                 return f"(not {self.expr(a)})"
             case Call("abs", (a,)):
@@ -135,7 +147,20 @@ def reduce_init(r: Reduce, em: Emitter) -> str:
     return em.const(init, dtype)
 
 
+def _is_power_of_two(k) -> bool:
+    return isinstance(k, int) and not isinstance(k, bool) and k > 0 and k & (k - 1) == 0
+
+
+def _parallel_min_points() -> int:
+    """Below this many points a loop nest runs serially: threads cost more than they save there,
+    and numba compiles a prange loop several times slower than a plain one. Set with
+    HALIDE_AD_PARALLEL_MIN_POINTS (0: every loop nest with more than one point is parallel)."""
+    return int(os.environ.get("HALIDE_AD_PARALLEL_MIN_POINTS", str(1 << 14)))
+
+
 def _parallel_dim(shape: tuple[int, ...]) -> int | None:
+    if math.prod(shape) < _parallel_min_points():
+        return None
     return next((d for d, n in enumerate(shape) if n > 1), None)
 
 

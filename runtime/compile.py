@@ -81,7 +81,9 @@ def compile_kernel(source: str, entry: str, title: str):
     where a corrupted or stale entry is detected and rebuilt)."""
     if not jit_enabled():
         return interpret_kernel(source, entry, title)
-    text = HEADER.format(title=title) + source.replace(f"def {entry}(", f"@njit(parallel=True, cache=True)\ndef {entry}(", 1)
+    parallel = "prange(" in source  # numba's parallel pipeline is slow to compile: only where used
+    text = HEADER.format(title=title) + source.replace(
+        f"def {entry}(", f"@njit(parallel={parallel}, cache=True)\ndef {entry}(", 1)
     digest = hashlib.sha256((_version_salt() + text).encode()).hexdigest()[:24]
     with _lock:
         if digest in _loaded:

@@ -18,7 +18,7 @@ import numpy as np
 
 from halide_ad.ad import reverse_mode
 from halide_ad.errors import InternalError
-from halide_ad.ir import (COMPARISONS, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
+from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
                           Scatter, Select, Var, adjoint_name, argindex_name, dtype_of, is_float)
 
 
@@ -55,7 +55,7 @@ _BIN = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.tru
         Op.LT: np.less, Op.LE: np.less_equal, Op.GT: np.greater, Op.GE: np.greater_equal,
         Op.AND: np.bitwise_and, Op.OR: np.bitwise_or}  # logical on bools, bitwise on ints
 
-_CALLS = {"neg": np.negative, "not": np.logical_not, "exp": np.exp, "log": np.log, "log1p": np.log1p,
+_CALLS = {RUN_TIME_CHECKED: lambda i: i, "neg": np.negative, "not": np.logical_not, "exp": np.exp, "log": np.log, "log1p": np.log1p,
           "sqrt": np.sqrt, "rsqrt": lambda x: np.reciprocal(np.sqrt(x)), "sin": np.sin, "cos": np.cos,
           "tan": np.tan, "tanh": np.tanh, "erf": np.vectorize(math.erf, otypes=[np.float64]),
           "abs": np.abs, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
@@ -143,8 +143,8 @@ def _domain(ranges: tuple[Range, ...], buffers: dict[str, np.ndarray]) -> Env:
 def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every Func's buffer by name, in its declared shape and dtype, computed in program order.
 
-    A Func whose `keeps_argindex` also gives `argindex_name(f.name)`: an int64 array of the flat
-    reduction position of the first extremal element, -1 where the reduction is empty. `inputs`
+    A Func whose `keeps_argindex` also gives `argindex_name(f.name)`: an integer array (of
+    `f.argindex_dtype`) of the flat reduction position of the first extremal element, -1 where the reduction is empty. `inputs`
     holds an array per program input, converted to the declared dtype.
     """
     buffers = {b.name: np.asarray(inputs[b.name], b.dtype) for b in program.inputs}
@@ -158,7 +158,7 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
             if isinstance(f.body, Reduce):
                 value, arg = _reduce(f.body, env)
                 if f.keeps_argindex:
-                    out[argindex_name(f.name)] = np.broadcast_to(arg, f.shape).astype(np.int64)
+                    out[argindex_name(f.name)] = np.broadcast_to(arg, f.shape).astype(f.argindex_dtype)
             else:
                 value = _eval(f.body, env)
             out[f.name] = buffers[f.name] = np.broadcast_to(value, f.shape).astype(f.dtype)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from halide_ad.ir import Bin, Call, Cast, Const, Expr, Op, Var, const
+from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Op, Var, const
 from halide_ad.solver.bounds import Interval
 
 
@@ -110,6 +110,8 @@ class Linearizer:
             case Var() if e in self.ranges:
                 return Affine.var(e)
             case Cast(dtype, v) if not dtype.startswith("float"):
+                return self.affine(v)
+            case Call(fn, (v,)) if fn == RUN_TIME_CHECKED:
                 return self.affine(v)
             case Call("neg", (a,)):
                 la = self.affine(a)

@@ -1,13 +1,16 @@
 """Bounds inference (intervals) and proofs that every read of a bounded tensor stays in range."""
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Iterator
 
-from halide_ad.errors import BoundsError
-from halide_ad.ir import (Bin, Buffer, Call, Cast, Const, Expr, Func, Load, Op, Range, Reduce, Select,
-                          Var, const)
+from halide_ad.errors import BoundsError, HalideADWarning
+from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Buffer, Call, Cast, Const, Expr, Func, Load, Op, Range,
+                          Reduce, Select, Var, const)
+from halide_ad.solver import z3_bridge
 from halide_ad.solver.z3_bridge import Query, Unsupported
-from halide_ad.traverse import children, simplify, substitute, walk
+from halide_ad.traverse import children, rewrite, simplify, substitute, walk
 
 Interval = tuple[int, int]  # inclusive
 
@@ -20,6 +23,8 @@ def interval(e: Expr, ranges: dict[Var, Interval]) -> Interval | None:
         case Var():
             return ranges.get(e)
         case Cast(_, v):
+            return interval(v, ranges)
+        case Call(fn, (v,)) if fn == RUN_TIME_CHECKED:
             return interval(v, ranges)
         case Call("neg", (a,)):
             ia = interval(a, ranges)
@@ -86,30 +91,61 @@ def is_data_dependent(e: Expr) -> bool:
     return any(isinstance(n, Load) for n in walk(e))
 
 
-def check_bounds(func: Func, buffer_of: Callable[[str], Buffer]) -> None:
-    """Raise BoundsError unless every read in `func` is proved in range for every point.
+def checked_at_run_time(e: Expr) -> bool:
+    """Whether the kernels check this index when they run: it reads data, or no proof settled it."""
+    return any(isinstance(n, Load) or (isinstance(n, Call) and n.fn == RUN_TIME_CHECKED) for n in walk(e))
 
-    Reads whose index depends on data are left to the kernel's run-time check.
+
+def check_bounds(func: Func, buffer_of: Callable[[str], Buffer]) -> Func:
+    """`func`, once every read in it is proved in range for every point; else BoundsError.
+
+    Reads whose index depends on data are left to the kernel's run-time check, and so are the
+    indices z3 could not settle within its time limit (with a warning): they come back wrapped
+    in Call(RUN_TIME_CHECKED, ...).
     """
     domain, where = func_domain(func)
     body = func.body.body if isinstance(func.body, Reduce) else func.body
     base = (where,) if where is not None else ()
     ranges = box(domain)
+    unsettled: dict[Load, set[int]] = {}
     for load, conds in guarded_loads(body, base):
         shape = buffer_of(load.buffer).shape
         for d, (e, n) in enumerate(zip(load.index, shape, strict=True)):
-            if is_data_dependent(e):
+            if checked_at_run_time(e):
                 continue
             iv = interval(e, ranges)
             if iv is not None and 0 <= iv[0] and iv[1] < n:
                 continue
             example = _counterexample(e, n, domain, conds)
-            if example is not None:
-                raise BoundsError(_bounds_message(load, d, n, example, func), load.loc or func.loc)
+            if example is None:
+                continue
+            if example is _UNSETTLED:
+                unsettled.setdefault(load, set()).add(d)
+                continue
+            raise BoundsError(_bounds_message(load, d, n, example, func), load.loc or func.loc)
+    if not unsettled:
+        return func
+    for load, dims in unsettled.items():
+        warnings.warn(f"{load} ({load.loc or func.loc}): z3 could not prove that dimension(s) "
+                      f"{sorted(dims)} stay inside {load.buffer} within its time limit "
+                      f"({z3_bridge.DEFAULT_TIMEOUT_MS} ms); the kernels check them when they run "
+                      "(raise the limit with HALIDE_AD_Z3_TIMEOUT_MS to prove them instead)", HalideADWarning, stacklevel=2)
+
+    def mark(n: Expr) -> Expr:
+        if isinstance(n, Load) and n in unsettled:
+            index = tuple(Call(RUN_TIME_CHECKED, (e,)) if d in unsettled[n] else e
+                          for d, e in enumerate(n.index))
+            return dataclasses.replace(n, index=index)
+        return n
+    return dataclasses.replace(func, body=rewrite(func.body, mark))
 
 
-def _counterexample(e: Expr, n: int, domain, conds) -> dict[str, int] | None:
-    """A point of the domain where `e` leaves [0, n), or None once z3 proves there is none."""
+_UNSETTLED = object()  # z3 answered unknown (its time limit) or cannot express the index
+
+
+def _counterexample(e: Expr, n: int, domain, conds) -> dict[str, int] | object | None:
+    """A point of the domain where `e` leaves [0, n); None once z3 proves there is none;
+    _UNSETTLED when z3 cannot decide."""
     q = Query()
     try:
         for r in domain:
@@ -119,23 +155,19 @@ def _counterexample(e: Expr, n: int, domain, conds) -> dict[str, int] | None:
             q.add(q.to_z3(c))
         value = q.to_z3(e)
     except Unsupported:
-        return {}  # cannot prove it: refuse rather than risk reading outside the buffer
+        return _UNSETTLED
     q.add(q.either(value < 0, value >= n))
     result = q.check()
     if result == "unsat":
         return None
-    return q.model_values([r.var for r in domain]) if result == "sat" else {}
+    return q.model_values([r.var for r in domain]) if result == "sat" else _UNSETTLED
 
 
 def _bounds_message(load: Load, dim: int, n: int, example: dict[str, int], func: Func) -> str:
-    if example:
-        env = {Var(k): const(v) for k, v in example.items()}
-        bad = simplify(substitute(load.index[dim], env))
-        at = ", ".join(f"{k} = {v}" for k, v in example.items())
-        where = f" reads index {bad} of dimension {dim} of {load.buffer} (valid: 0..{n - 1}) when {at}"
-    else:
-        where = (f" may read outside dimension {dim} of {load.buffer} (valid: 0..{n - 1}); "
-                 "halide_ad could not prove it stays in range")
+    env = {Var(k): const(v) for k, v in example.items()}
+    bad = simplify(substitute(load.index[dim], env))
+    at = ", ".join(f"{k} = {v}" for k, v in example.items())
+    where = f" reads index {bad} of dimension {dim} of {load.buffer} (valid: 0..{n - 1}) when {at}"
     out_shape = func.shape
     return (f"{load}{where}.\n"
             f"    Read through a boundary view, e.g. c = hd.repeat_edge({load.buffer}) and index c "

@@ -47,6 +47,18 @@ class GatherPiece:
     solution: tuple[tuple[Var, Expr], ...]
     single: tuple[bool, ...] = ()  # per loop: z3 proved it runs at most once (a pooling window)
 
+    def fixing(self, k: int, value: Expr) -> GatherPiece:
+        """This piece with loop k, which runs exactly once, replaced by `loop var = value`: the
+        loop's body moves out to the loop's level."""
+        env = {self.loops[k].var: value}
+        sub = lambda e: simplify(substitute(e, env))
+        guards = [tuple(sub(c) for c in level) for level in self.guards]
+        guards[k] += guards.pop(k + 1)
+        return GatherPiece(tuple(Range(r.var, sub(r.lo), sub(r.hi)) for r in self.loops[:k] + self.loops[k + 1:]),
+                           tuple(guards), sub(self.value),
+                           tuple((v, sub(e)) for v, e in self.solution) + ((self.loops[k].var, value),),
+                           self.single[:k] + self.single[k + 1:] if self.single else ())
+
 
 @dataclass(frozen=True)
 class Gather:
@@ -102,7 +114,7 @@ def _warn_timeout(f: Fallback) -> None:
     where = f" ({s.loc})" if s.loc else ""
     warnings.warn(f"adj_{s.buffer}[{', '.join(map(str, s.index))}]{where} stays a {f.form}: {f.reason} "
                   f"({z3_bridge.DEFAULT_TIMEOUT_MS} ms). The gradient is still exact, but slower; "
-                  "hd.explain shows it. Raise halide_ad.solver.z3_bridge.DEFAULT_TIMEOUT_MS to retry.",
+                  "hd.explain shows it. Raise the limit with HALIDE_AD_Z3_TIMEOUT_MS to retry.",
                   HalideADWarning, stacklevel=3)
 
 
@@ -212,7 +224,14 @@ def _invert_piece(scatter: Scatter, index, preds, shape, js) -> GatherPiece | st
     # the solution point, exactly where the scatter would have tested them.
     guards[-1] += [simplify(substitute(g, solution)) for g in runtime_guards]
     single = tuple(_at_most_once(loop, checked.loops[:k], shape, js) for k, loop in enumerate(checked.loops))
-    return GatherPiece(checked.loops, tuple(tuple(g) for g in guards), checked.value, checked.solution, single)
+    piece = GatherPiece(checked.loops, tuple(tuple(g) for g in guards), checked.value, checked.solution, single)
+    k = 0
+    while k < len(piece.loops):  # a loop that always runs once (a non-overlapping window) goes
+        if piece.single[k] and _never_empty(piece.loops[k], piece.loops[:k], shape, js):
+            piece = piece.fixing(k, piece.loops[k].lo)
+        else:
+            k += 1
+    return piece
 
 
 def piece_is_empty(piece: GatherPiece, box: dict[Var, tuple[int, int]]) -> bool:
@@ -240,6 +259,16 @@ def piece_is_empty(piece: GatherPiece, box: dict[Var, tuple[int, int]]) -> bool:
 def _at_most_once(loop: Range, outer: tuple[Range, ...], shape, js) -> bool:
     """True when z3 proves hi - lo <= 1 for every j (and outer loop point): `for i in range(lo,
     hi)` is then `i = lo; if i < hi`, straight-line code instead of a loop."""
+    return _trip_count_never(lambda lo, hi: hi - lo >= 2, loop, outer, shape, js)
+
+
+def _never_empty(loop: Range, outer: tuple[Range, ...], shape, js) -> bool:
+    """True when z3 proves lo < hi for every j (and outer loop point)."""
+    return _trip_count_never(lambda lo, hi: hi <= lo, loop, outer, shape, js)
+
+
+def _trip_count_never(claim, loop: Range, outer: tuple[Range, ...], shape, js) -> bool:
+    """True when z3 proves claim(lo, hi) false for every j in the shape and outer loop point."""
     q = Query()
     try:
         for j, n in zip(js, shape, strict=True):
@@ -248,7 +277,7 @@ def _at_most_once(loop: Range, outer: tuple[Range, ...], shape, js) -> bool:
         for r in outer:
             x = q.var(r.var)
             q.add(q.to_z3(r.lo) <= x, x < q.to_z3(r.hi))
-        q.add(q.to_z3(loop.hi) - q.to_z3(loop.lo) >= 2)
+        q.add(claim(q.to_z3(loop.lo), q.to_z3(loop.hi)))
     except Unsupported:
         return False
     return q.check() == "unsat"

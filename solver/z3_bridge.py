@@ -5,14 +5,15 @@ any other divisor is refused (Unsupported), never guessed.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import z3
 
-from halide_ad.ir import Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of
+from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of
 
-DEFAULT_TIMEOUT_MS = 2_000
+DEFAULT_TIMEOUT_MS = int(os.environ.get("HALIDE_AD_Z3_TIMEOUT_MS", "2000"))  # per query
 
 
 class Unsupported(Exception):
@@ -106,6 +107,8 @@ class Query:
                     return z3.Not(go(a))
                 case Call("neg", (a,)):
                     return -go(a)
+                case Call(fn, (a,)) if fn == RUN_TIME_CHECKED:
+                    return go(a)
                 case Call("abs", (a,)):
                     x = go(a)
                     return z3.If(x >= 0, x, -x)

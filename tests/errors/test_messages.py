@@ -99,8 +99,9 @@ def test_non_array_arguments(interpreted):
     with pytest.raises(hd.TraceError, match="argument 'img' is a list; pass numpy arrays"):
         P.blur3([[1.0, 2.0]])
     with pytest.raises(hd.TraceError, match=r"argument 'x' of conv2d is NoneType None, but conv2d uses it "
-                                            r"as an array \(x.shape\): pass a numpy array"):
+                                            r"as an array \(x.shape\): pass a numpy array") as e:
         P.conv2d(None, W4)
+    assert isinstance(e.value.__cause__, AttributeError)  # Python's own error stays attached
     with pytest.raises(hd.TraceError, match=r"argument 'x' of softmax is float 2.5, but softmax uses it"):
         P.softmax(2.5)
     with pytest.raises(hd.TraceError, match="argument 'x' is a dict"):
@@ -148,6 +149,14 @@ def test_huge_and_negative_sizes():
         hd.func(lambda a, n: hd.compute((n,), lambda i: a[i % 3]))(np.ones(3), -4)
     with pytest.raises(hd.ShapeError, match=r"reshape's shape \(-5, 3\) has a dimension of size -5"):
         hd.func(lambda a: a.reshape(-5, 3))(np.ones(6))
+    # a stage whose loops would run for hours is refused before anything is compiled
+    with pytest.raises(hd.ShapeError, match=r"loops over 2e\+12 points \(shape \(2,\), reduction ranges "
+                                             r"\[\(0, 1000000000000\)\]\), past halide_ad's limit .*"
+                                             r"HALIDE_AD_MAX_POINTS"):
+        hd.func(lambda a: hd.compute((2,), lambda i: hd.sum(a[i] + 0.0 * hd.rdom(10**12))))(np.ones(2))
+    with pytest.raises(hd.ShapeError, match=r"hd.rdom extent \(10000000000000000000, 10000000000000000002\) "
+                                             r"reaches past 2\*\*48"):
+        hd.func(lambda a: hd.compute((2,), lambda i: hd.sum(a[i] + hd.rdom((10**19, 10**19 + 2)))))(np.ones(2))
 
 
 # ---- Python on symbolic values ------------------------------------------------------------------
@@ -279,6 +288,49 @@ def test_z3_timeout_falls_back_to_a_scatter_with_a_warning(interpreted, monkeypa
                            {traced.program.outputs[0]: ct})
     np.testing.assert_array_equal(dx, ref["x"])
     np.testing.assert_array_equal(dw, ref["w"])
+
+
+class _Undecided:
+    """A z3 query that always answers `unknown`, as one that ran out of time does."""
+
+    def __init__(self, query_class):
+        self.query_class = query_class
+
+    def __call__(self, *args, **kwargs):
+        q = self.query_class(*args, **kwargs)
+        q.check = lambda: "unknown"
+        return q
+
+
+def test_z3_timeout_in_a_bounds_proof_checks_the_read_when_the_kernel_runs(monkeypatch):
+    bounds = importlib.import_module("halide_ad.solver.bounds")
+    monkeypatch.setattr(bounds, "Query", _Undecided(bounds.Query))
+
+    @hd.func
+    def shifted(x):  # x[i - 1] only where i >= 1: intervals alone cannot tell, z3 is needed
+        return hd.compute(x.shape, lambda i: hd.where(i >= 1, x[i - 1], 0.0) * 2.0)
+
+    x = np.arange(5.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = shifted(x)
+    messages = [str(c.message) for c in caught if issubclass(c.category, hd.HalideADWarning)]
+    assert any(re.match(r"x\[i - 1\] \(.*test_messages.py:\d+, in <lambda>\): z3 could not prove that "
+                        r"dimension\(s\) \[0\] stay inside x within its time limit .*the kernels check "
+                        r"them when they run", m) for m in messages), messages
+    np.testing.assert_array_equal(out, [0.0, 0.0, 2.0, 4.0, 6.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", hd.HalideADWarning)
+        assert "x[checked((i - 1), 5, status" in hd.explain(shifted, x).forward_source
+        hd.check_grad(shifted, x)
+
+        @hd.func
+        def past_the_end(x):  # reads x[5] at i = 4: z3 would have said so; the kernel does instead
+            return hd.compute(x.shape, lambda i: hd.where(i >= 0, x[i + 1], 0.0))
+        with pytest.raises(hd.BoundsError, match=r"an index z3 could not bound was 5, outside dimension 0 "
+                                                 r"of x \(valid: 0..4\), read at .*Read through a boundary "
+                                                 r"view"):
+            past_the_end(x)
 
 
 def test_nan_and_inf_propagate_like_numpy_and_stay_put():

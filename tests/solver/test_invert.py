@@ -64,7 +64,8 @@ def test_blur3_adjoint_is_a_gather_for_every_shift(rng):
 def test_conv_and_pool_adjoints_are_gathers(rng):
     x, w = rng.random((1, 2, 5, 5)), rng.random((2, 2, 3, 3))
     assert set(hd.explain(P.conv2d, x, w).forms()) == {"gather-window"}
-    assert hd.explain(P.maxpool2, rng.random((1, 2, 4, 4))).forms("x") == ["gather-window"]
+    # 2x2 windows at stride 2 do not overlap: each input is in one window, so no window loop is left
+    assert hd.explain(P.maxpool2, rng.random((1, 2, 4, 4))).forms("x") == ["gather"]
 
 
 def test_data_dependent_index_falls_back_with_a_reason(rng):
