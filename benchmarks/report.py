@@ -29,8 +29,10 @@ PHASES: tuple[Phase, ...] = ("forward", "backward")
 SHORT = {"forward": "fwd", "backward": "bwd"}
 METHODS = {
     "halide_ad": "halide_ad: `vjp_fn(ct)` after `out, vjp_fn = hd.vjp(f, *inputs)`, allocating "
-    "fresh gradients on every call (the public API offers no output-buffer reuse); first calls "
-    "include tracing and numba compilation, and the first case's also numba's thread start-up.",
+    "gradients from its buffer pool (runtime/buffers.py: a big array is reused once nothing "
+    "references it, as in a training loop that drops last step's gradients); first calls include "
+    "tracing and numba compilation into a fresh kernel cache, and the first case's also numba's "
+    "thread start-up; the warm-cache columns are a second process's first calls with that cache.",
     "torch": "PyTorch: `torch.autograd.grad(y, inputs, ct, retain_graph=True)` on a graph built "
     "once; forward under no_grad; the faster of the default allocator and THP_MEM_ALLOC_ENABLE=1 "
     "(marked THP, run in a subprocess).",
@@ -96,6 +98,7 @@ def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: d
                 "mismatch": r.mismatch,
                 "ratios": ratios(r, bounds),
                 "errors": r.errors,
+                "halide_ad_warm_cache_first_call_s": r.warm_start_s,
             }
             for r in results
         ],
@@ -166,10 +169,12 @@ def _forward_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> 
     compiled = ["halide_ad", *(p for p in peer_names if p == "jax")]  # torch compiles nothing
     header = ["case", "halide_ad fwd", *(f"{PEER_TITLES[p]} fwd" for p in peer_names),
               *(f"{TITLES[library]} first {SHORT[phase]} (s)" for library in compiled
-                for phase in PHASES)]
+                for phase in PHASES),
+              *(f"halide_ad first {SHORT[phase]}, warm cache (s)" for phase in PHASES)]
     rows = [
         [r.name, *(_median_cell(r, library, "forward") for library in ("halide_ad", *peer_names)),
-         *(cell for library in compiled for cell in _first_call_cells(r, library))]
+         *(cell for library in compiled for cell in _first_call_cells(r, library)),
+         *(f"{r.warm_start_s[phase]:.2f}" if phase in r.warm_start_s else "–" for phase in PHASES)]
         for r in results
     ]
     return _table(header, rows)
@@ -178,7 +183,8 @@ def _forward_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> 
 def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat: int,
                 threads: int, peer_names: Sequence[str], notes: Sequence[str]) -> str:
     lines = [
-        f"Backward pass, ms: medians of {repeat} runs after a warm-up, float32, {threads} threads.",
+        f"Backward pass, ms: medians of {repeat} runs after 3 warm-up calls, float32, "
+        f"{threads} threads.",
         "",
         *_backward_table(results, bounds, peer_names),
         "",

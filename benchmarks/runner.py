@@ -35,6 +35,7 @@ class CaseResult:
     checks: dict[str, Check] = field(default_factory=dict)  # "output", "gradients"
     reference: str | None = None  # the peer halide_ad was checked against
     errors: dict[str, str] = field(default_factory=dict)  # library -> exception
+    warm_start_s: dict[str, float] = field(default_factory=dict)  # halide_ad's first calls, warm cache
 
     def add_torch_variant(self, timings: Timings) -> None:
         """Record one allocator setting's timings; torch's entry becomes the faster backward."""

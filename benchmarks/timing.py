@@ -29,8 +29,10 @@ def time_once(fn: Callable[[], T]) -> tuple[T, float]:
     return result, time.perf_counter() - start
 
 
-def measure(fn: Callable[[], object], repeat: int, *, warmup: int = 1) -> Timing:
-    """Median of `repeat` timed calls of `fn`, after `warmup` untimed ones.
+def measure(fn: Callable[[], object], repeat: int, *, warmup: int = 3) -> Timing:
+    """Median of `repeat` timed calls of `fn`, after `warmup` untimed ones (the same for every
+    library: the first few calls that allocate big fresh arrays pay page faults until the
+    kernel's transparent huge pages settle, for all of them alike).
 
     The garbage collector is paused while timing so that a collection triggered by one sample
     (torch graphs, jax pytrees) does not land in another; results are dropped between calls.

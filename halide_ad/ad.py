@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from halide_ad.errors import InternalError, NotDifferentiableError
 from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
                           Select, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
@@ -23,6 +25,17 @@ class Adjoint:
     dtype: str
     seeded: bool
     scatters: tuple[Scatter, ...]
+
+
+def _over(g: Expr, b: Expr) -> Expr:
+    """g / b; by a constant, g * (1/b): a product is cheap enough to recompute in every tap of
+    a window that reads it (an average's gradient), a division is not."""
+    if isinstance(b, Const) and is_float(b.dtype) and b.value != 0:
+        with np.errstate(all="ignore"):
+            inverse = np.dtype(b.dtype).type(1) / np.dtype(b.dtype).type(b.value)
+        if np.isfinite(inverse) and inverse != 0:
+            return _mul(g, const(float(inverse), b.dtype))
+    return Bin(Op.DIV, g, b)
 
 
 def _c(value: float, like: Expr) -> Const:
@@ -43,7 +56,7 @@ BIN_RULES: dict[Op, Callable[[Bin, Expr], tuple[Expr | None, Expr | None]]] = {
     Op.ADD: lambda n, g: (g, g),                                            # d(a+b)/da = 1
     Op.SUB: lambda n, g: (g, _neg(g)),                                      # d(a-b)/db = -1
     Op.MUL: lambda n, g: (_mul(g, n.rhs), _mul(g, n.lhs)),                  # d(ab)/da = b
-    Op.DIV: lambda n, g: (Bin(Op.DIV, g, n.rhs),                            # d(a/b)/db = -a/b^2
+    Op.DIV: lambda n, g: (_over(g, n.rhs),                                  # d(a/b)/db = -a/b^2
                           _neg(Bin(Op.DIV, _mul(g, n), n.rhs))),
     Op.POW: lambda n, g: (_mul(g, _mul(n.rhs, Bin(Op.POW, n.lhs, Bin(Op.SUB, n.rhs, _c(1, n.rhs))))),
                           _mul(g, _mul(n, Call("log", (n.lhs,))))),         # d(a^b)/db = a^b log a

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -12,19 +13,24 @@ import numpy as np
 
 from halide_ad.ad import Adjoint, reverse_mode
 from halide_ad.errors import BoundsError, ShapeError
-from halide_ad.ir import Program, Reduce, Var, adjoint_name, argindex_name, is_float
+from halide_ad.ir import (Bin, Call, Expr, Load, Op, Program, Reduce, Select, Var, adjoint_name, argindex_name, const,
+                          dtype_of, is_float)
+from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.codegen import emit_backward, emit_forward
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
 from halide_ad.solver import Fallback, Gather, invert
+from halide_ad.traverse import rewrite, simplify, substitute, walk
 
 
 @dataclass(frozen=True)
 class AdjointPlan:
-    """adj_<buffer>[new_vars] = cotangent + the sum of `contributions`, each inverted."""
+    """adj_<buffer>[new_vars] = cotangent + the sum of `contributions`, each inverted. An inlined
+    adjoint is never stored: the plans that read it compute it in place."""
     adjoint: Adjoint
     new_vars: tuple[Var, ...]
     contributions: tuple[Gather | Fallback, ...]
+    inlined: bool = False
 
 
 @dataclass
@@ -129,7 +135,88 @@ def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
             else:
                 contributions.append(inverse)
         plans.append(AdjointPlan(adj, new_vars, tuple(contributions)))
-    return plans
+    return _inline_pointwise(plans, wrt)
+
+
+MAX_INLINED_LOADS = 2  # per tap of a window that reads an inlined adjoint
+
+
+def _inline_pointwise(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[AdjointPlan]:
+    """Don't store an intermediate adjoint that is one cheap expression per element (the
+    `adj_sum[j] = adj_avg[j] / 9` of an average, the `adj_y[j] * (x[j] > 0)` of a relu): the
+    adjoints that read it compute it where they read it, saving a pass over memory."""
+    out = list(plans)
+    for k, plan in enumerate(out):
+        value = _pointwise_value(plan, wrt)
+        name = adjoint_name(plan.adjoint.buffer)
+        later = out[k + 1:]
+        if value is None or any(isinstance(c, Contraction) and _reads(c.inverse.scatter.value, name)
+                                for p in later for c in p.contributions):
+            continue
+
+        readers = [c for p in later for c in p.contributions if any(_reads(v, name) for v in _values(c))]
+        windows = any(isinstance(c, Fallback) or any(piece.loops for piece in c.pieces) for c in readers)
+        if windows and not (_cheap(value) and sum(isinstance(n, Load) for n in walk(value)) <= MAX_INLINED_LOADS):
+            continue  # a window would recompute it once per tap: store it once instead
+
+        def inline(e, plan=plan, value=value, name=name):
+            def rule(n):
+                if isinstance(n, Load) and n.buffer == name:
+                    return substitute(value, dict(zip(plan.new_vars, n.index, strict=True)))
+                return None
+            return simplify(rewrite(e, rule))
+        out[k] = replace(plan, inlined=True)
+        out[k + 1:] = [replace(p, contributions=tuple(_map_values(c, inline) for c in p.contributions))
+                       for p in later]
+    return out
+
+
+def _cheap(e: Expr) -> bool:
+    """No division, power or transcendental function: a few cycles to recompute per tap."""
+    return not any((isinstance(n, Bin) and n.op in (Op.DIV, Op.POW, Op.FLOORDIV, Op.MOD))
+                   or (isinstance(n, Call) and n.fn not in ("neg", "not", "abs")) for n in walk(e))
+
+
+def _values(c) -> list[Expr]:
+    """The values a contribution adds (each piece's, for a gather)."""
+    if isinstance(c, Gather):
+        return [p.value for p in c.pieces]
+    return [c.scatter.value if isinstance(c, Fallback) else c.inverse.scatter.value]
+
+
+def _pointwise_value(plan: AdjointPlan, wrt) -> Expr | None:
+    """The value of adj_<buffer>[new_vars] when it is one cheap expression with no loop or test."""
+    adj = plan.adjoint
+    if adj.buffer in wrt or adj.seeded or len(plan.contributions) != 1:
+        return None
+    (g,) = plan.contributions
+    if not isinstance(g, Gather) or len(g.pieces) != 1:
+        return None
+    (piece,) = g.pieces
+    tests = []  # in order: a loop's `lo < hi` comes before the tests that read at its point
+    while piece.loops:  # a loop that runs at most once (a pooling window at a ragged edge)
+        if not piece.single[0]:
+            return None
+        tests.append(Bin(Op.LT, piece.loops[0].lo, piece.loops[0].hi))
+        piece = piece.fixing(0, piece.loops[0].lo)
+    tests += piece.guards[0]  # tests on j alone, e.g. a relu's x[j] > 0
+    if not tests:
+        return piece.value
+    return Select(functools.reduce(lambda a, b: Bin(Op.AND, a, b), tests), piece.value,
+                  const(0, dtype_of(piece.value)))
+
+
+def _reads(e, name: str) -> bool:
+    return any(isinstance(n, Load) and n.buffer == name for n in walk(e))
+
+
+def _map_values(c, fn):
+    """Contribution `c` with `fn` applied to the values it adds."""
+    if isinstance(c, Gather):
+        return replace(c, pieces=tuple(replace(p, value=fn(p.value)) for p in c.pieces))
+    if isinstance(c, Fallback):
+        return replace(c, scatter=replace(c.scatter, value=fn(c.scatter.value)))
+    return c
 
 
 def _gather_vars(adj: Adjoint) -> tuple[Var, ...]:
@@ -151,7 +238,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     steps, sources, segment = [], [], []
 
     def flush():
-        if any(p.contributions for p in segment):
+        if any(p.contributions and not p.inlined for p in segment):
             entry = f"backward{len(sources)}"
             source, params, checks = emit_backward(program, list(segment), entry)
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
@@ -177,9 +264,10 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
 
 
 def allocate(shape: tuple[int, ...], dtype: str, *, zero: bool = False) -> np.ndarray:
-    """Kernels see 0-d buffers as shape (1,)."""
+    """Kernels see 0-d buffers as shape (1,). Big uninitialized ones may be recycled (see
+    runtime/buffers.py)."""
     try:
-        return (np.zeros if zero else np.empty)(shape or (1,), dtype)
+        return np.zeros(shape or (1,), dtype) if zero else pool.empty(shape or (1,), dtype)
     except MemoryError:
         size = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=object))
         raise ShapeError(f"a buffer of shape {shape} and dtype {dtype} needs {size / 2**30:.3g} GiB, more "
@@ -200,6 +288,7 @@ def run_backward(kernel: Kernel, plans: list[AdjointPlan], buffers: dict[str, np
                  cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Adjoint buffers by name; `cotangents` are keyed by output name."""
     buffers = dict(buffers)
+    plans = [p for p in plans if not p.inlined]
     for plan in plans:
         adj = plan.adjoint
         name = adjoint_name(adj.buffer)

@@ -64,6 +64,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
             if s.where is not None:
                 formula += f" if {show(s.where)}"
             formula += routed
+            if plan.inlined:
+                formula += "  [not stored: computed where it is read]"
             contributions.append(Contribution(s.buffer, c.form, formula,
                                               c.reason if isinstance(c, Fallback) else None,
                                               str(s.loc) if s.loc else None))

@@ -5,7 +5,7 @@ import operator
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields, replace
 
-from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Reduce, Select, Var, cast, const, dtype_of
+from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Reduce, Select, Var, cast, const, dtype_of, is_float
 
 
 def map_children(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
@@ -122,6 +122,8 @@ def simplify_rule(n: Expr) -> Expr | None:
             return x
         case Bin(Op.AND, _, Const(False)) | Bin(Op.AND, Const(False), _):
             return const(False)
+        case Bin(Op.MUL, Const(-1), x) | Bin(Op.MUL, x, Const(-1)) if not is_float(dtype_of(x)):
+            return Call("neg", (x,))
         case Call("neg", (Const(a),)):
             return const(-a, dtype_of(n))
         case Call("neg", (Call("neg", (x,)),)):

@@ -249,7 +249,7 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
     from halide_ad.solver import Gather
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
-    computed = [p for p in plans if p.contributions]
+    computed = [p for p in plans if p.contributions and not p.inlined]
     shapes |= {adjoint_name(p.adjoint.buffer): p.adjoint.shape for p in plans}
     shapes |= {"ct_" + p.adjoint.buffer: p.adjoint.shape for p in computed if p.adjoint.seeded}
     em = Emitter(shapes)
@@ -269,8 +269,7 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
                 _emit_gather(w, em, g)
             w.line(f"{em.index(name, plan.new_vars, name)} = acc")
 
-        _split_loop_nest(w, em, plan.new_vars, adj.shape, split, lambda: body(gathers),
-                         lambda: body(split[1]))
+        _split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers)
         for s in plan.contributions:
             if not isinstance(s, Gather):
                 _emit_scatter(w, em, s, name)
@@ -278,45 +277,76 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
     return _function(em, entry), list(em.used), em.checks
 
 
-def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, general, inside) -> None:
-    """The loop nest over `vars_`; with an interior box, the box runs `inside` (its guards decided,
-    its window bounds constant) and everything else runs `general`. Each body is emitted once:
-    the last split dimension's full loop skips the box, and a second loop covers it."""
-    box = {v: b for v, b in (split[0] if split else {}).items()
-           if b != (0, shape[vars_.index(v)] - 1)}
+def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers) -> None:
+    """The loop nest over `vars_` running `body(gathers)`, or, with a Split, two nests: one over
+    the points outside the box running the general gathers (the last box dimension is a while
+    loop that jumps over the box), and one over the box running `split.inside`, or each phase's
+    gathers with the phased dimensions as j = stride*q + p. Each body is emitted once per phase."""
     par = _parallel_dim(shape)
-    last = max((d for d, v in enumerate(vars_) if v in box), default=None)
-    if last is None:
-        depth = w.depth
-        for d, (v, n) in enumerate(zip(vars_, shape, strict=True)):
-            _open_loop(w, em.name(v), f"0, {n}", d == par)
-        general()
+    box = {} if split is None else {v: b for v, b in split.box.items()
+                                    if b != (0, shape[vars_.index(v)] - 1) or v in split.phased}
+    dims = [d for d, v in enumerate(vars_) if v in box]
+    depth = w.depth
+    if not dims:
+        _full_loops(w, em, vars_, shape, range(len(vars_)), par, lambda: body(gathers))
         w.depth = depth
         return
-    depth = w.depth
-    for d in range(last):
-        _open_loop(w, em.name(vars_[d]), f"0, {shape[d]}", d == par)
-    outer = [f"{box[v][0]} <= {em.name(v)} <= {box[v][1]}" for v in vars_[:last] if v in box]
-    v, n = vars_[last], shape[last]
-    lo, hi = box[v]
-
-    def inner(body) -> None:
-        for d in range(last + 1, len(vars_)):
-            _open_loop(w, em.name(vars_[d]), f"0, {shape[d]}", d == par)
-        body()
-
+    first, last = dims[0], dims[-1]
+    _full_loops(w, em, vars_, shape, range(first), par, lambda: None)
     level = w.depth
-    _open_loop(w, em.name(v), f"0, {n}", last == par)
-    w.line(f"if {' and '.join(outer + [f'{lo} <= {em.name(v)} <= {hi}'])}:")
-    w.line("    continue  # the interior box, below")
-    inner(general)
-    w.depth = level
-    if outer:
-        w.line(f"if {' and '.join(outer)}:")
+
+    def in_box(d: int) -> str:
+        lo, hi = box[vars_[d]]
+        return f"{lo} <= {em.name(vars_[d])} <= {hi}"
+
+    # the points outside the box
+    if any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
+        _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
+        v, (lo, hi) = em.name(vars_[last]), box[vars_[last]]
+        w.line(f"{v} = 0")
+        w.line(f"while {v} < {shape[last]}:")
         w.depth += 1
-    _open_loop(w, em.name(v), f"{lo}, {hi + 1}", last == par)
-    inner(inside)
+        w.line(f"if {' and '.join([in_box(d) for d in dims if d < last] + [f'{v} == {lo}'])}:")
+        w.line(f"    {v} = {hi + 1}  # the box runs below")
+        w.line("    continue")
+        step = w.depth
+        _full_loops(w, em, vars_, shape, range(last + 1, len(vars_)), par, lambda: body(gathers))
+        w.depth = step
+        w.line(f"{v} += 1")
+        w.depth = level
+
+    # the box
+    phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
+
+    def box_loops(d: int, combo: tuple[int, ...]) -> None:
+        if d == len(vars_):
+            body(split.phases[combo] if split.phased else split.inside)
+            return
+        v = vars_[d]
+        if d not in phased:
+            lo, hi = box[v] if v in box else (0, shape[d] - 1)
+            _open_loop(w, em.name(v), f"{lo}, {hi + 1}", d == par)
+            box_loops(d + 1, combo)
+            w.depth -= 1
+            return
+        k = phased[d]
+        stride, q = split.strides[k], em.name(split.phase_vars[k])
+        lo, hi = box[v]
+        _open_loop(w, q, f"{lo // stride}, {(hi + 1) // stride}", d == par)
+        for p in range(stride):
+            w.line(f"{em.name(v)} = {stride} * {q} + {p}  # phase {p} of {stride}")
+            box_loops(d + 1, combo + (p,))
+        w.depth -= 1
+
+    box_loops(first, ())
     w.depth = depth
+
+
+def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
+    """Open a loop over the whole extent of each of `dims`, run `inner`, and stay nested."""
+    for d in dims:
+        _open_loop(w, em.name(vars_[d]), f"0, {shape[d]}", d == par)
+    inner()
 
 
 def _emit_gather(w: Writer, em: Emitter, g) -> None:

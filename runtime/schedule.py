@@ -1,39 +1,184 @@
-"""Scheduling: split each gather loop nest into an interior box and boundary strips.
+"""Scheduling: split each gather loop nest into an interior box and boundary strips, and the
+box's innermost dimension into phases.
 
 At the boundary a gather needs its guards (`j == 0`) and clamped window bounds
 (`range(max(j - 7, 0), min(j + 1, 3))`); inside, interval analysis decides every such guard and
 picks one side of every min/max, so the interior loop has no per-element branch and constant
 window loops that LLVM can unroll and vectorize.
+
+A stride s leaves `(j - r) // s` and parity tests in the gathers, whose windows change with
+j % s. Inside the box the innermost j runs as `j = s*q + p` with each phase p emitted on its own:
+every such quotient becomes `q + constant`, every parity test is decided, and a 2x2/2 pooling
+gradient becomes four straight-line writes per window.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import itertools
+import math
+from dataclasses import dataclass, field, replace
 
-from halide_ad.ir import Bin, Const, Expr, Op, Range, Var, const, dtype_of, is_float
+from halide_ad.ir import INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Range, Var, const, dtype_of, is_float
 from halide_ad.solver import Gather, GatherPiece
+from halide_ad.solver.affine import Affine
 from halide_ad.solver.bounds import interval
 from halide_ad.solver.invert import piece_is_empty
-from halide_ad.traverse import rewrite, simplify, walk
+from halide_ad.traverse import rewrite, simplify, substitute, walk
 
 MAX_MARGIN = 8
+MAX_PHASES = 4  # each phase is a copy of the loop body
 Box = dict[Var, tuple[int, int]]  # inclusive ranges of the gather variables
 
 
-def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Gather]):
-    """(box, the gathers specialized to it), or None when no useful interior exists.
+@dataclass(frozen=True)
+class Split:
+    """A gather loop nest's schedule: the `box` runs `inside` (specialized gathers), the rest runs
+    the general ones. With phases, each `phased` dimension d of the box (the innermost one or
+    two) runs as j_d = strides[d]*q_d + p_d (q_d = phase_vars[d]), and the phase combination
+    (p_d, ...) runs `phases[(p_d, ...)]`, whose gathers are written in the q's."""
+    box: Box
+    inside: list[Gather]
+    phased: tuple[Var, ...] = ()
+    strides: tuple[int, ...] = ()
+    phase_vars: tuple[Var, ...] = ()
+    phases: dict[tuple[int, ...], list[Gather]] = field(default_factory=dict)
+
+
+def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Gather]) -> Split | None:
+    """How to split the loop nest, or None when neither a box nor phases would help.
 
     The box first grows margins until every boundary guard and min/max is decided; then, where a
     few more rows allow it, until every small quotient (the `(j + 1) // 30` of a mirror's mod) is
     one value, so those loops run exactly once and disappear from the interior.
     """
+    if not new_vars:
+        return None  # a 0-d adjoint: one point, nothing to split
     extents = dict(zip(new_vars, shape, strict=True))
     margins = _grow({v: (0, 0) for v in new_vars}, extents, gathers, _boundary_terms)
-    if margins is None or all(m == (0, 0) for m in margins.values()):
-        return None  # no useful box, or no boundary at all: nothing to split
+    if margins is None:
+        return None
     margins = _grow(margins, extents, gathers,
                     lambda p, box: _boundary_terms(p, box) + _quotient_terms(p, box)) or margins
     box = _box(margins, extents)
-    return box, [_specialize(g, box) for g in gathers]
+    inside = [_specialize(g, box) for g in gathers]
+    split = _phases(Split(box, inside), new_vars)
+    if not split.phased and all(m == (0, 0) for m in margins.values()):
+        return None  # no boundary and no stride: nothing to split
+    return split
+
+
+def _phases(split: Split, new_vars: tuple[Var, ...]) -> Split:
+    """`split` with its innermost one or two dimensions in phases, where the inside gathers
+    divide them (at most MAX_PHASES copies of the body)."""
+    phased, strides = [], []
+    for j in reversed(new_vars[-2:]):
+        stride = _stride(split.inside, j)
+        lo, hi = split.box[j]
+        if stride == 1 or math.prod(strides) * stride > MAX_PHASES or (hi + 1) // stride <= -(-lo // stride):
+            break  # the outer of the two only joins when the inner one is phased
+        phased.insert(0, j)
+        strides.insert(0, stride)
+    if not phased:
+        return split
+    box, ranges, q_vars = dict(split.box), dict(split.box), []
+    for j, stride in zip(phased, strides, strict=True):
+        lo, hi = split.box[j]
+        q_lo, q_hi = -(-lo // stride), (hi + 1) // stride - 1  # whole periods inside the box
+        q = Var(j.name + "_q")
+        q_vars.append(q)
+        box[j] = (q_lo * stride, q_hi * stride + stride - 1)
+        del ranges[j]
+        ranges[q] = (q_lo, q_hi)
+    phases = {}
+    for combo in itertools.product(*(range(s) for s in strides)):
+        env = {j: Bin(Op.ADD, Bin(Op.MUL, const(s), q), const(p))
+               for j, s, q, p in zip(phased, strides, q_vars, combo, strict=True)}
+        phases[combo] = [_substitute_gather(_specialize(_substitute_gather(g, env), ranges), {})
+                         for g in split.inside]
+    return Split(box, split.inside, tuple(phased), tuple(strides), tuple(q_vars), phases)
+
+
+def _stride(gathers: list[Gather], j: Var) -> int:
+    """The lcm of the constant divisors of the floor divisions and mods of j in the gathers."""
+    stride = 1
+    for g in gathers:
+        for p in g.pieces:
+            for e in _piece_exprs(p):
+                for n in walk(e):
+                    if (isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
+                            and j in _vars(n.lhs) and math.lcm(stride, n.rhs.value) <= MAX_PHASES):
+                        stride = math.lcm(stride, n.rhs.value)
+    return stride
+
+
+def _piece_exprs(p: GatherPiece):
+    yield p.value
+    for level in p.guards:
+        yield from level
+    for loop in p.loops:
+        yield loop.lo
+        yield loop.hi
+
+
+def _substitute_gather(g: Gather, env: dict[Var, Expr]) -> Gather:
+    sub = lambda e: _divide(simplify(substitute(e, env)))
+    pieces = tuple(GatherPiece(tuple(Range(r.var, sub(r.lo), sub(r.hi)) for r in p.loops),
+                               tuple(tuple(sub(c) for c in level) for level in p.guards), sub(p.value),
+                               tuple((v, sub(e)) for v, e in p.solution), p.single)
+                   for p in g.pieces)
+    return replace(g, pieces=pieces)
+
+
+def _divide(e: Expr) -> Expr:
+    """`(k*a + c) // k` as `a + c // k` and `(k*a + c) % k` as `c % k`, for linear a; and every
+    linear integer expression in the canonical form `2 * q + 1` (`-2*q + 2*q` is 0)."""
+    def rule(n: Expr) -> Expr | None:
+        if ((isinstance(n, Bin) and n.op in (Op.ADD, Op.SUB, Op.MUL)) or (isinstance(n, Call) and n.fn == "neg")) \
+                and dtype_of(n) == INDEX_DTYPE:
+            form = _linear(n)
+            return None if form is None else Affine.of(*form).to_expr()
+        if not (isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
+                and isinstance(n.rhs.value, int) and n.rhs.value > 0):
+            return None
+        form = _linear(n.lhs)
+        k = n.rhs.value
+        if form is None or any(c % k for c in form[0].values()):
+            return None
+        coeffs, c = form
+        if n.op is Op.MOD:
+            return const(c % k, dtype_of(n))
+        out: Expr = const(c // k, dtype_of(n))
+        for v, a in coeffs.items():
+            out = Bin(Op.ADD, out, Bin(Op.MUL, const(a // k, dtype_of(n)), v))
+        return simplify(out)
+    return simplify(rewrite(e, rule))
+
+
+def _linear(e: Expr) -> tuple[dict[Var, int], int] | None:
+    """({var: coefficient}, constant) of an integer expression built from + - * by constants."""
+    match e:
+        case Const(v, dtype) if not is_float(dtype) and dtype != "bool":
+            return {}, int(v)
+        case Var():
+            return {e: 1}, 0
+        case Call("neg", (a,)):
+            la = _linear(a)
+            return None if la is None else ({v: -c for v, c in la[0].items()}, -la[1])
+        case Bin(Op.ADD | Op.SUB as op, a, b):
+            la, lb = _linear(a), _linear(b)
+            if la is None or lb is None:
+                return None
+            sign = 1 if op is Op.ADD else -1
+            coeffs = dict(la[0])
+            for v, c in lb[0].items():
+                coeffs[v] = coeffs.get(v, 0) + sign * c
+            return coeffs, la[1] + sign * lb[1]
+        case Bin(Op.MUL, a, b):
+            la, lb = _linear(a), _linear(b)
+            if la is None or lb is None or (la[0] and lb[0]):
+                return None
+            (coeffs, c), k = (la, lb[1]) if not lb[0] else (lb, la[1])
+            return {v: a * k for v, a in coeffs.items()}, c * k
+    return None
 
 
 def _box(margins, extents) -> Box:
@@ -98,7 +243,8 @@ def _enter(loop: Range, ranges: Box) -> None:
 
 def _is_boundary(g: Expr, box: Box) -> bool:
     """A linear guard on the gather variables (not a parity test, not a data-dependent one)."""
-    return _vars(g) <= box.keys() and not any(isinstance(n, Bin) and n.op is Op.MOD for n in walk(g))
+    return _vars(g) <= box.keys() and not any(
+        (isinstance(n, Bin) and n.op is Op.MOD) or isinstance(n, Load) for n in walk(g))
 
 
 def _truth(g: Expr, box: Box) -> bool | None:
@@ -178,11 +324,12 @@ def _drop_single_loops(p: GatherPiece, box: Box) -> GatherPiece | None:
     while k < len(p.loops):
         loop = p.loops[k]
         lo, hi = _fold(_pick(loop.lo, ranges), ranges), _fold(_pick(loop.hi, ranges), ranges)
-        if not (isinstance(lo, Const) and isinstance(hi, Const)) or hi.value - lo.value > 1:
+        trips = _linear(simplify(Bin(Op.SUB, hi, lo)))
+        if trips is None or any(trips[0].values()) or trips[1] > 1:
             _enter(loop, ranges)
             k += 1
             continue
-        if hi.value <= lo.value:
+        if trips[1] <= 0:
             return None
         p = p.fixing(k, lo)
     return p

@@ -1,0 +1,52 @@
+"""Recycled buffers: big arrays that nothing references any more are handed out again.
+
+A training loop calls the same kernels with the same shapes every step. A fresh 64 MiB array
+costs as much as the kernel that fills it (the OS maps and zeroes every page on first touch), so
+halide_ad keeps the big arrays it allocated and reuses one once no one else holds it: not the
+caller, not a view of it (a view references its base), not a torch tensor sharing its memory.
+An array the caller still holds is never handed out again.
+
+HALIDE_AD_POOL_BYTES caps the bytes kept (default 1 GiB; 0 turns recycling off).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import numpy as np
+
+MIN_POOLED_BYTES = 1 << 20  # smaller arrays come from malloc's free lists cheaply already
+_UNREFERENCED = 3  # the pool's list, the local `a`, getrefcount's own argument
+
+
+class BufferPool:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.arrays: list[np.ndarray] = []  # least recently handed out first
+        self.lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """An uninitialized array: a recycled one when a free one of this shape and dtype exists."""
+        dtype = np.dtype(dtype)
+        if self.max_bytes <= 0 or dtype.itemsize * int(np.prod(shape)) < MIN_POOLED_BYTES:
+            return np.empty(shape, dtype)
+        with self.lock:
+            for k in range(len(self.arrays)):  # (enumerate's reused tuple would hold a reference)
+                a = self.arrays[k]
+                if a.shape == shape and a.dtype == dtype and sys.getrefcount(a) == _UNREFERENCED:
+                    self.arrays.append(self.arrays.pop(k))
+                    return a
+            a = np.empty(shape, dtype)
+            self.arrays.append(a)
+            self._trim()
+            return a
+
+    def _trim(self) -> None:
+        """Forget the least recently used arrays past max_bytes (their holders keep them)."""
+        total = sum(a.nbytes for a in self.arrays)
+        while total > self.max_bytes and len(self.arrays) > 1:
+            total -= self.arrays.pop(0).nbytes
+
+
+pool = BufferPool(int(os.environ.get("HALIDE_AD_POOL_BYTES", str(1 << 30))))
