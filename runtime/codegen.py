@@ -11,11 +11,12 @@ import os
 from dataclasses import dataclass, field
 
 from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Reduce, Select, Var,
-                          adjoint_name, argindex_name, dtype_of, is_float)
+                          INDEX_DTYPE, adjoint_name, argindex_name, dtype_of, is_float)
 from halide_ad.show import show, show_func
-from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
+from halide_ad.solver.bounds import checked_at_run_time, interval, is_data_dependent
 from halide_ad.runtime.schedule import interior
 from halide_ad.runtime.writer import Writer
+from halide_ad.traverse import walk
 
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
@@ -31,6 +32,7 @@ class Emitter:
     checks: list[str] = field(default_factory=list)  # each run-time index check's error, with {value}
     out: Writer = field(default_factory=Writer)
     used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
+    hoisted: dict[Load, str] = field(default_factory=dict)  # loads already held in a local
 
     def name(self, v: Var) -> str:
         if v not in self.names:
@@ -76,6 +78,8 @@ class Emitter:
             case Var():
                 return self.name(e)
             case Load(buffer, index, _, loc):
+                if e in self.hoisted:
+                    return self.hoisted[e]
                 return self.index(buffer, index, str(loc) if loc else show(e))
             case Bin(Op.MIN | Op.MAX as op, a, b):
                 # numpy's minimum/maximum propagate NaN from either side; the builtins do not
@@ -262,14 +266,16 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
         w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
         split = interior(plan.new_vars, adj.shape, gathers)
 
-        def body(gs, adj=adj, name=name, plan=plan):
+        def body(gs, at=None, adj=adj, name=name, plan=plan):
+            """acc = the gathers `gs`, stored at j, or at `at[j]` for phased dimensions."""
+            index = tuple((at or {}).get(v, v) for v in plan.new_vars)
             zero = em.const(0, adj.dtype)
-            w.line(f"acc = {em.index('ct_' + adj.buffer, plan.new_vars, name) if adj.seeded else zero}")
+            w.line(f"acc = {em.index('ct_' + adj.buffer, index, name) if adj.seeded else zero}")
             for g in gs:
                 _emit_gather(w, em, g)
-            w.line(f"{em.index(name, plan.new_vars, name)} = acc")
+            w.line(f"{em.index(name, index, name)} = acc")
 
-        _split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers)
+        _split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers, name)
         for s in plan.contributions:
             if not isinstance(s, Gather):
                 _emit_scatter(w, em, s, name)
@@ -277,7 +283,7 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
     return _function(em, entry), list(em.used), em.checks
 
 
-def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers) -> None:
+def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str) -> None:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, two nests: one over
     the points outside the box running the general gathers (the last box dimension is a while
     loop that jumps over the box), and one over the box running `split.inside`, or each phase's
@@ -318,28 +324,67 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers)
     # the box
     phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
 
-    def box_loops(d: int, combo: tuple[int, ...]) -> None:
+    def box_loops(d: int, combo: tuple[int, ...], at: dict) -> None:
         if d == len(vars_):
-            body(split.phases[combo] if split.phased else split.inside)
+            body(split.phases[combo], at) if split.phased else body(split.inside)
             return
         v = vars_[d]
         if d not in phased:
             lo, hi = box[v] if v in box else (0, shape[d] - 1)
             _open_loop(w, em.name(v), f"{lo}, {hi + 1}", d == par)
-            box_loops(d + 1, combo)
+            box_loops(d + 1, combo, at)
             w.depth -= 1
             return
         k = phased[d]
-        stride, q = split.strides[k], em.name(split.phase_vars[k])
+        stride, q = split.strides[k], split.phase_vars[k]
         lo, hi = box[v]
-        _open_loop(w, q, f"{lo // stride}, {(hi + 1) // stride}", d == par)
-        for p in range(stride):
-            w.line(f"{em.name(v)} = {stride} * {q} + {p}  # phase {p} of {stride}")
-            box_loops(d + 1, combo + (p,))
+        _open_loop(w, em.name(q), f"{lo // stride}, {(hi + 1) // stride}", d == par)
+        if k == len(split.phased) - 1:  # the phases of one iteration share their loads
+            _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
+                         _box_ranges(vars_, shape, split), written)
+        for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
+            w.line(f"# phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}")
+            box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
+                                                        Const(p, INDEX_DTYPE))})
         w.depth -= 1
 
-    box_loops(first, ())
+    box_loops(first, (), {})
+    em.hoisted.clear()
     w.depth = depth
+
+
+def _box_ranges(vars_, shape, split) -> dict[Var, tuple[int, int]]:
+    """Inclusive ranges of the gather variables and the phase variables inside the box."""
+    ranges = {v: split.box.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+    for j, stride, q in zip(split.phased, split.strides, split.phase_vars, strict=True):
+        lo, hi = split.box[j]
+        ranges[q] = (lo // stride, (hi + 1) // stride - 1)
+    return ranges
+
+
+def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
+    """Read once, at the top of the iteration, every load of the phases that depends only on the
+    loop variables and is in range for all of them (so reading it even where a guard fails is
+    safe). Without this, a store between two phases makes LLVM read again and not vectorize."""
+    em.hoisted.clear()
+    for g in gathers:
+        for piece in g.pieces:
+            inner = {r.var for r in piece.loops}
+            for e in [piece.value, *(c for level in piece.guards for c in level)]:
+                for n in walk(e):
+                    if (isinstance(n, Load) and n not in em.hoisted and n.buffer != written and n.index
+                            and not any(isinstance(m, Var) and m in inner for i in n.index for m in walk(i))
+                            and all(_within(i, em.shapes[n.buffer][d], ranges) for d, i in enumerate(n.index))):
+                        name = f"h{len(em.hoisted)}"
+                        w.line(f"{name} = {em.index(n.buffer, n.index, n.buffer)}")
+                        em.hoisted[n] = name
+
+
+def _within(e: Expr, n: int, ranges) -> bool:
+    if checked_at_run_time(e):
+        return False
+    span = interval(e, ranges)
+    return span is not None and 0 <= span[0] and span[1] < n
 
 
 def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:

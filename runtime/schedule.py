@@ -92,9 +92,36 @@ def _phases(split: Split, new_vars: tuple[Var, ...]) -> Split:
     for combo in itertools.product(*(range(s) for s in strides)):
         env = {j: Bin(Op.ADD, Bin(Op.MUL, const(s), q), const(p))
                for j, s, q, p in zip(phased, strides, q_vars, combo, strict=True)}
-        phases[combo] = [_substitute_gather(_specialize(_substitute_gather(g, env), ranges), {})
+        phases[combo] = [_unroll(_substitute_gather(_specialize(_substitute_gather(g, env), ranges), {}))
                          for g in split.inside]
     return Split(box, split.inside, tuple(phased), tuple(strides), tuple(q_vars), phases)
+
+
+MAX_UNROLLED = 9  # straight-line terms one window may become
+
+
+def _unroll(g: Gather) -> Gather:
+    """`g` with each window loop of a constant trip count written out as straight-line terms
+    (a phase of a 3x3/2 pool reads 1, 2 or 4 neighbours): their loads then depend on q alone,
+    so the phases of one iteration share them."""
+    pieces: list[GatherPiece] = []
+    for p in g.pieces:
+        pieces += _unrolled(p, MAX_UNROLLED)
+    return replace(g, pieces=tuple(pieces))
+
+
+def _unrolled(p: GatherPiece, budget: int) -> list[GatherPiece]:
+    if not p.loops:
+        return [p]
+    trips = _linear(simplify(Bin(Op.SUB, p.loops[0].hi, p.loops[0].lo)))
+    if trips is None or any(trips[0].values()) or not 1 <= trips[1] <= budget:
+        return [p]
+    count = trips[1]
+    out = []
+    for t in range(count):
+        lo = simplify(Bin(Op.ADD, p.loops[0].lo, const(t, INDEX_DTYPE)))
+        out += _unrolled(p.fixing(0, _divide(lo)), budget // count)
+    return out
 
 
 def _stride(gathers: list[Gather], j: Var) -> int:
