@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Reduce, Select, Var,
@@ -188,10 +189,63 @@ def _open_loop(w: Writer, name: str, bounds: str, parallel: bool) -> None:
 
 
 def _function(em: Emitter, entry: str) -> str:
-    """Wrap the emitted body in `def entry(<the buffers it uses>, status):`."""
+    """Wrap the emitted body in `def entry(<the buffers it uses>, status):`, with the bodies of
+    big parallel loops outlined into functions of their own."""
     head = Writer()
     head.line(f"def {entry}({', '.join([*em.used, 'status'])}):")
-    return head.text() + em.out.text()
+    helpers, body = _outline_parallel_bodies(em.out.lines, entry, [*em.used, "status"])
+    return "".join(helpers) + head.text() + "\n".join(body) + "\n"
+
+
+OUTLINE_MIN_LINES = 40
+_PRANGE = re.compile(r"^( *)for (\w+)_ in prange\((.*)\):$")
+_FOR = re.compile(r"^( *)for (\w+) in range\(")
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def _outline_parallel_bodies(lines: list[str], entry: str, names: list[str]):
+    """(helper sources, the remaining lines): the body of each prange loop longer than
+    OUTLINE_MIN_LINES becomes `@njit def entry_p<k>(j, ...)`, called once per iteration.
+
+    numba's parallel passes (copy propagation over every block of the function) grow faster
+    than linearly with the size of the function: a bilinear resize gradient took minutes to
+    compile as one function. Outlined, the parallel function is a few lines and the bodies go
+    through numba's ordinary pipeline; one call per outer iteration costs nothing measurable.
+    """
+    helpers, out, k = [], [], 0
+    outer: list[tuple[int, str]] = []  # enclosing serial loops: (indent, variable)
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        indent = len(line) - len(line.lstrip(" "))
+        outer = [(d, v) for d, v in outer if d < indent]
+        match = _PRANGE.match(line)
+        if match is None:
+            if (m := _FOR.match(line)) is not None:
+                outer.append((indent, m.group(2)))
+            out.append(line)
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and (not lines[end].strip() or
+                                    len(lines[end]) - len(lines[end].lstrip(" ")) > indent):
+            end += 1
+        body = lines[i + 2:end]  # lines[i + 1] rebinds the index as int64: the parameter is one
+        if len(body) < OUTLINE_MIN_LINES:
+            out += lines[i:end]
+            i = end
+            continue
+        var = match.group(2)
+        used = set(_NAME.findall("\n".join(body)))
+        params = [var] + [v for _, v in outer if v in used] + [n for n in names if n in used]
+        name = f"{entry}_p{k}"
+        k += 1
+        cut = indent + 4
+        helpers.append(f"@njit(cache=True)\ndef {name}({', '.join(params)}):\n"
+                       + "".join("    " + b[cut:] + "\n" for b in body) + "\n\n")
+        out += [line, " " * (indent + 4) + f"{name}(np.int64({var}_), {', '.join(params[1:])})"]
+        i = end
+    return helpers, out
 
 
 def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple[str, list[str], list[str]]:

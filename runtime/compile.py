@@ -71,7 +71,7 @@ def _checked(i, n, status, which):
 
 def interpret_kernel(source: str, entry: str, title: str):
     """`entry` from `source` as a plain Python function: the same code, without numba."""
-    namespace = {"np": np, "math": math, "prange": range, "checked": _checked}
+    namespace = {"np": np, "math": math, "prange": range, "checked": _checked, "njit": lambda **_: lambda f: f}
     exec(compile(source, f"<halide_ad:{title}>", "exec"), namespace)
     return namespace[entry]
 

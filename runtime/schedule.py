@@ -17,7 +17,8 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
-from halide_ad.ir import INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Range, Var, const, dtype_of, is_float
+from halide_ad.ir import (COMPARISONS, INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Range, Select, Var, const, dtype_of,
+                          is_float)
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.solver.affine import Affine
 from halide_ad.solver.bounds import interval
@@ -59,11 +60,11 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     margins = _grow(margins, extents, gathers,
                     lambda p, box: _boundary_terms(p, box) + _quotient_terms(p, box)) or margins
     box = _box(margins, extents)
-    inside = [_specialize(g, box) for g in gathers]
-    split = _phases(Split(box, inside), new_vars)
+    split = _phases(Split(box, [_specialize(g, box) for g in gathers]), new_vars)
     if not split.phased and all(m == (0, 0) for m in margins.values()):
         return None  # no boundary and no stride: nothing to split
-    return split
+    # windows are written out last: every piece of the phases costs z3 a query
+    return replace(split, inside=[_unroll(_substitute_gather(g, {})) for g in split.inside])
 
 
 def _phases(split: Split, new_vars: tuple[Var, ...]) -> Split:
@@ -147,12 +148,31 @@ def _piece_exprs(p: GatherPiece):
 
 
 def _substitute_gather(g: Gather, env: dict[Var, Expr]) -> Gather:
-    sub = lambda e: _divide(simplify(substitute(e, env)))
+    sub = lambda e: _divide_indices(simplify(substitute(e, env)))
     pieces = tuple(GatherPiece(tuple(Range(r.var, sub(r.lo), sub(r.hi)) for r in p.loops),
                                tuple(tuple(sub(c) for c in level) for level in p.guards), sub(p.value),
                                tuple((v, sub(e)) for v, e in p.solution), p.single)
                    for p in g.pieces)
     return replace(g, pieces=pieces)
+
+
+def _divide_indices(e: Expr) -> Expr:
+    """`_divide` applied to the integer parts of `e`: the whole of an expression without loads
+    (an index, a bound, a parity test), else each load's index and each select's test. (Values
+    can be large; their float arithmetic has nothing to divide.)"""
+    def rule(n: Expr) -> Expr | None:
+        if isinstance(n, Load):
+            return replace(n, index=tuple(_divide(i) for i in n.index))
+        if isinstance(n, Select) and not _has_load(n.cond):
+            return replace(n, cond=_divide(n.cond))
+        if isinstance(n, Bin) and n.op in COMPARISONS:  # `2 * q + 1 - 2 * q == arg[...]`
+            return Bin(n.op, *(side if _has_load(side) else _divide(side) for side in (n.lhs, n.rhs)))
+        return None
+    return _divide(e) if not _has_load(e) else rewrite(e, rule)
+
+
+def _has_load(e: Expr) -> bool:
+    return any(isinstance(n, Load) for n in walk(e))
 
 
 def _divide(e: Expr) -> Expr:
