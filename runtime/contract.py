@@ -16,6 +16,7 @@ import numpy as np
 
 from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float
 from halide_ad.show import show
+from halide_ad.solver.affine import linear_form
 
 MAX_TAPS = 64
 MIN_CONTRACTED = 16  # below this many summed points a fused loop nest is as good
@@ -84,23 +85,11 @@ def _offset_vars(terms: dict) -> set[Var]:
 
 def _terms(e: Expr) -> dict[Var, int] | None:
     """Integer affine coefficients of an index component, with the constant under key None."""
-    match e:
-        case Const(v, dtype) if not is_float(dtype) and dtype != "bool":
-            return {None: int(v)}
-        case Var():
-            return {e: 1}
-        case Bin(Op.ADD | Op.SUB as op, x, y):
-            tx, ty = _terms(x), _terms(y)
-            if tx is None or ty is None:
-                return None
-            out = dict(tx)
-            for k, v in ty.items():
-                out[k] = out.get(k, 0) + (v if op is Op.ADD else -v)
-            return out
-        case Bin(Op.MUL, Const(k), x) | Bin(Op.MUL, x, Const(k)) if isinstance(k, int):
-            tx = _terms(x)
-            return None if tx is None else {v: c * k for v, c in tx.items()}
-    return None
+    form = linear_form(e)
+    if form is None:
+        return None
+    coeffs, constant = form
+    return {v: c for v, c in coeffs.items() if c} | {None: constant}
 
 
 def _view(array, index, env, ranges, letters):

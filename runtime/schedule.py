@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from halide_ad.ir import (COMPARISONS, INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Range, Select, Var, const, dtype_of,
                           is_float)
 from halide_ad.solver import Gather, GatherPiece
-from halide_ad.solver.affine import Affine
-from halide_ad.solver.bounds import interval
+from halide_ad.solver.affine import Affine, linear_form
+from halide_ad.solver.bounds import interval, is_data_dependent
 from halide_ad.solver.invert import piece_is_empty
 from halide_ad.traverse import rewrite, simplify, substitute, walk
 
@@ -114,7 +114,7 @@ def _unroll(g: Gather) -> Gather:
 def _unrolled(p: GatherPiece, budget: int) -> list[GatherPiece]:
     if not p.loops:
         return [p]
-    trips = _linear(simplify(Bin(Op.SUB, p.loops[0].hi, p.loops[0].lo)))
+    trips = linear_form(simplify(Bin(Op.SUB, p.loops[0].hi, p.loops[0].lo)))
     if trips is None or any(trips[0].values()) or not 1 <= trips[1] <= budget:
         return [p]
     count = trips[1]
@@ -163,16 +163,12 @@ def _divide_indices(e: Expr) -> Expr:
     def rule(n: Expr) -> Expr | None:
         if isinstance(n, Load):
             return replace(n, index=tuple(_divide(i) for i in n.index))
-        if isinstance(n, Select) and not _has_load(n.cond):
+        if isinstance(n, Select) and not is_data_dependent(n.cond):
             return replace(n, cond=_divide(n.cond))
         if isinstance(n, Bin) and n.op in COMPARISONS:  # `2 * q + 1 - 2 * q == arg[...]`
-            return Bin(n.op, *(side if _has_load(side) else _divide(side) for side in (n.lhs, n.rhs)))
+            return Bin(n.op, *(side if is_data_dependent(side) else _divide(side) for side in (n.lhs, n.rhs)))
         return None
-    return _divide(e) if not _has_load(e) else rewrite(e, rule)
-
-
-def _has_load(e: Expr) -> bool:
-    return any(isinstance(n, Load) for n in walk(e))
+    return _divide(e) if not is_data_dependent(e) else rewrite(e, rule)
 
 
 def _divide(e: Expr) -> Expr:
@@ -181,12 +177,12 @@ def _divide(e: Expr) -> Expr:
     def rule(n: Expr) -> Expr | None:
         if ((isinstance(n, Bin) and n.op in (Op.ADD, Op.SUB, Op.MUL)) or (isinstance(n, Call) and n.fn == "neg")) \
                 and dtype_of(n) == INDEX_DTYPE:
-            form = _linear(n)
+            form = linear_form(n)
             return None if form is None else Affine.of(*form).to_expr()
         if not (isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
                 and isinstance(n.rhs.value, int) and n.rhs.value > 0):
             return None
-        form = _linear(n.lhs)
+        form = linear_form(n.lhs)
         k = n.rhs.value
         if form is None or any(c % k for c in form[0].values()):
             return None
@@ -198,34 +194,6 @@ def _divide(e: Expr) -> Expr:
             out = Bin(Op.ADD, out, Bin(Op.MUL, const(a // k, dtype_of(n)), v))
         return simplify(out)
     return simplify(rewrite(e, rule))
-
-
-def _linear(e: Expr) -> tuple[dict[Var, int], int] | None:
-    """({var: coefficient}, constant) of an integer expression built from + - * by constants."""
-    match e:
-        case Const(v, dtype) if not is_float(dtype) and dtype != "bool":
-            return {}, int(v)
-        case Var():
-            return {e: 1}, 0
-        case Call("neg", (a,)):
-            la = _linear(a)
-            return None if la is None else ({v: -c for v, c in la[0].items()}, -la[1])
-        case Bin(Op.ADD | Op.SUB as op, a, b):
-            la, lb = _linear(a), _linear(b)
-            if la is None or lb is None:
-                return None
-            sign = 1 if op is Op.ADD else -1
-            coeffs = dict(la[0])
-            for v, c in lb[0].items():
-                coeffs[v] = coeffs.get(v, 0) + sign * c
-            return coeffs, la[1] + sign * lb[1]
-        case Bin(Op.MUL, a, b):
-            la, lb = _linear(a), _linear(b)
-            if la is None or lb is None or (la[0] and lb[0]):
-                return None
-            (coeffs, c), k = (la, lb[1]) if not lb[0] else (lb, la[1])
-            return {v: a * k for v, a in coeffs.items()}, c * k
-    return None
 
 
 def _box(margins, extents) -> Box:
@@ -371,7 +339,7 @@ def _drop_single_loops(p: GatherPiece, box: Box) -> GatherPiece | None:
     while k < len(p.loops):
         loop = p.loops[k]
         lo, hi = _fold(_pick(loop.lo, ranges), ranges), _fold(_pick(loop.hi, ranges), ranges)
-        trips = _linear(simplify(Bin(Op.SUB, hi, lo)))
+        trips = linear_form(simplify(Bin(Op.SUB, hi, lo)))
         if trips is None or any(trips[0].values()) or trips[1] > 1:
             _enter(loop, ranges)
             k += 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Op, Var, const
+from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Op, Var, const, is_float
 from halide_ad.solver.bounds import Interval
 
 
@@ -184,3 +184,31 @@ class Linearizer:
 
 
 _NEGATE = {Op.LT: Op.GE, Op.GE: Op.LT, Op.LE: Op.GT, Op.GT: Op.LE, Op.EQ: Op.NE, Op.NE: Op.EQ}
+
+
+def linear_form(e: Expr) -> tuple[dict[Var, int], int] | None:
+    """({var: coefficient}, constant) of an integer expression built from + - * by constants."""
+    match e:
+        case Const(v, dtype) if not is_float(dtype) and dtype != "bool":
+            return {}, int(v)
+        case Var():
+            return {e: 1}, 0
+        case Call("neg", (a,)):
+            la = linear_form(a)
+            return None if la is None else ({v: -c for v, c in la[0].items()}, -la[1])
+        case Bin(Op.ADD | Op.SUB as op, a, b):
+            la, lb = linear_form(a), linear_form(b)
+            if la is None or lb is None:
+                return None
+            sign = 1 if op is Op.ADD else -1
+            coeffs = dict(la[0])
+            for v, c in lb[0].items():
+                coeffs[v] = coeffs.get(v, 0) + sign * c
+            return coeffs, la[1] + sign * lb[1]
+        case Bin(Op.MUL, a, b):
+            la, lb = linear_form(a), linear_form(b)
+            if la is None or lb is None or (la[0] and lb[0]):
+                return None
+            (coeffs, c), k = (la, lb[1]) if not lb[0] else (lb, la[1])
+            return {v: a * k for v, a in coeffs.items()}, c * k
+    return None
