@@ -17,9 +17,13 @@ Clamps, min/max, select and abs split the domain into pieces that are each affin
 is checked by z3 (both directions: the gather enumerates exactly the preimage) before use.
 Whatever cannot be inverted or proved becomes a `Fallback` scatter, parallel over a loop variable
 that z3 proves gives distinct write addresses.
+
+Results are cached in memory and on disk (solver/disk_cache.py, next to the compiled kernels), so a
+new process does not run z3 again; a result for which any z3 query timed out is not stored on disk.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import warnings
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 
 from halide_ad.errors import HalideADWarning
 from halide_ad.ir import Bin, Call, Const, Expr, Op, Range, Scatter, Select, Var, const
+from halide_ad.solver import disk_cache, z3_bridge
 from halide_ad.solver.affine import Affine, Constraint, Linearizer
 from halide_ad.solver.bounds import box, interval
 from halide_ad.solver.z3_bridge import Query, Unsupported
@@ -88,16 +93,27 @@ _cache_lock = threading.Lock()
 
 
 def invert(scatter: Scatter, shape: tuple[int, ...], new_vars: tuple[Var, ...]) -> Gather | Fallback:
-    """The gather form of `scatter` into a buffer of `shape`, over `new_vars`, else a Fallback."""
+    """The gather form of `scatter` into a buffer of `shape`, over `new_vars`, else a Fallback.
+
+    Cached in memory, and on disk (solver/disk_cache.py) unless a z3 query timed out on the way.
+    """
     key = (scatter, shape, new_vars)
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-    result = _invert(scatter, shape, new_vars)
-    if isinstance(result, str):
-        result = Fallback(scatter, result, parallel_var(scatter))
-        if TIME_LIMIT in result.reason:
+    result = disk_cache.load(key)
+    if isinstance(result, (Gather, Fallback)):
+        result = dataclasses.replace(result, scatter=scatter)  # this trace's source location
+    else:
+        unknowns = z3_bridge.unknown_answers()
+        result = _invert(scatter, shape, new_vars)
+        if isinstance(result, str):
+            result = Fallback(scatter, result, parallel_var(scatter))
+        timed_out = isinstance(result, Fallback) and TIME_LIMIT in result.reason
+        if timed_out:
             _warn_timeout(result)
+        elif z3_bridge.unknown_answers() == unknowns:  # a later run, with more time, may do better
+            disk_cache.store(key, result)
     with _cache_lock:
         _cache[key] = result
     return result
@@ -109,7 +125,6 @@ TIME_LIMIT = "within its time limit"
 def _warn_timeout(f: Fallback) -> None:
     """A z3 timeout is not an error: the scatter is correct, only slower. Say so once, here and in
     hd.explain (which shows `f.reason`)."""
-    from halide_ad.solver import z3_bridge
     s = f.scatter
     where = f" ({s.loc})" if s.loc else ""
     warnings.warn(f"adj_{s.buffer}[{', '.join(map(str, s.index))}]{where} stays a {f.form}: {f.reason} "

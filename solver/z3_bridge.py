@@ -6,6 +6,7 @@ any other divisor is refused (Unsupported), never guessed.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -14,6 +15,16 @@ import z3
 from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of
 
 DEFAULT_TIMEOUT_MS = int(os.environ.get("HALIDE_AD_Z3_TIMEOUT_MS", "2000"))  # per query
+Z3_VERSION = z3.get_version_string()
+
+_unknown_lock = threading.Lock()
+_unknown_answers = 0
+
+
+def unknown_answers() -> int:
+    """How many queries in this process (any thread) have answered 'unknown' so far: a result
+    that saw one depended on a time limit, so the inverter does not store it on disk."""
+    return _unknown_answers
 
 
 class Unsupported(Exception):
@@ -55,7 +66,12 @@ class Query:
 
     def check(self) -> str:
         """'sat', 'unsat' or 'unknown'."""
-        return str(self.solver.check())
+        answer = str(self.solver.check())
+        if answer == "unknown":
+            global _unknown_answers
+            with _unknown_lock:
+                _unknown_answers += 1
+        return answer
 
     def model_values(self, names: Iterable[Var]) -> dict[str, int]:
         model = self.solver.model()

@@ -1,0 +1,73 @@
+"""Solver results on disk, so that a new process does not run z3 again for a scatter it inverted before.
+
+One file per entry in `<cache dir>/solver/` (the kernels' cache dir: `HALIDE_AD_CACHE_DIR`, else
+`~/.cache/halide_ad`), named by a sha256 of the key's repr and a salt: halide_ad's, z3's and Python's
+versions and a hash of the solver's source (and of the IR it reads), so that editing the solver
+invalidates old entries. A file holds a sha256 of its payload, then the pickled (repr(key), value):
+a file that is truncated, garbled, unreadable or for another key is a miss, never trusted, and the
+recomputed value replaces it. Writes go to a temporary file in the same folder and `os.replace` it,
+so concurrent processes see whole entries only; an unwritable cache dir just stores nothing.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+
+
+@functools.cache
+def _salt() -> str:
+    from halide_ad import __version__, ir, traverse
+    from halide_ad.solver import z3_bridge
+    here = os.path.dirname(os.path.abspath(__file__))
+    source = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(here, "*.py"))) + [ir.__file__, traverse.__file__]:
+        with open(path, "rb") as fh:
+            source.update(fh.read())
+    return f"{__version__}|{z3_bridge.Z3_VERSION}|{sys.version_info[:2]}|{source.hexdigest()}"
+
+
+def _path(key_text: str) -> str:
+    from halide_ad.runtime.compile import cache_dir
+    name = hashlib.sha256((_salt() + "\n" + key_text).encode()).hexdigest()
+    return os.path.join(cache_dir(), "solver", f"{name}.pickle")
+
+
+def load(key):
+    """The value stored for `key`, or None (missing, corrupted or another key's entry)."""
+    try:
+        key_text = repr(key)
+        with open(_path(key_text), "rb") as fh:
+            data = fh.read()
+        digest, payload = data[:32], data[32:]
+        if hashlib.sha256(payload).digest() != digest:
+            return None
+        stored_key, value = pickle.loads(payload)
+        return value if stored_key == key_text else None
+    except Exception:  # missing, unreadable, unpicklable: recompute
+        return None
+
+
+def store(key, value) -> None:
+    """Save `value` for `key` atomically; silently skipped where the cache dir is not writable."""
+    tmp = None
+    try:
+        key_text = repr(key)
+        path = _path(key_text)
+        payload = pickle.dumps((key_text, value), protocol=pickle.HIGHEST_PROTOCOL)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(hashlib.sha256(payload).digest() + payload)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old entry or the new one
+        tmp = None
+    except Exception:  # read-only or full disk, a value too deep to pickle: no entry
+        if tmp is not None:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
