@@ -2,9 +2,11 @@
 
 A reduction of a product of two tensors whose indices are plain variables, `y[i, j] = sum_k
 x[i, k] * w[k, j]`, or a convolution's adjoint, `adj_x[n, c, i + r, j + s] += adj_y[n, k, i, j] *
-w[k, c, r, s]`, is a matrix product: numpy's einsum (tensordot, so BLAS) computes it far faster than
-any loop nest we generate. Window variables that are added to another variable (r, s above) are
-enumerated in Python, one einsum on strided views per tap, as im2col would do without the copy.
+w[k, c, r, s]`, is a matrix product: BLAS computes it far faster than any loop nest we generate.
+Window variables that are added to another variable (r, s above) are taps: an operand read at
+an offset is stacked once per tap (im2col), an output written at an offset gets one window per
+tap added (col2im). `_matmul` lays each product out as BLAS calls on views, batched over the
+image index, so that neither the operands nor the products are copied again.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 
 from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float
 from halide_ad.show import show
+from halide_ad.runtime.buffers import pool
 from halide_ad.solver.affine import linear_form
 
 MAX_TAPS = 64
@@ -41,20 +44,20 @@ class Contraction:
         return self.inverse.form if self.inverse is not None else "gather-window"
 
     def accumulate(self, buffers: dict[str, np.ndarray]) -> None:
-        """One einsum (BLAS) over all taps; taps that shift the output window (col2im, as in a
-        convolution's input gradient) are then added window by window."""
+        """One BLAS product over all taps (`_matmul`); taps that shift the output window (col2im,
+        as in a convolution's input gradient) are then added window by window."""
         shapes = dict(self.shapes)
         arrays = {n: buffers[n].reshape(shapes[n]) for n in (self.out, self.a.buffer, self.b.buffer)}
         ranges = {r.var: r for r in self.domain}
         letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
         shifting = {v for e in self.out_index for v in _offset_vars(_terms(e))}
         loop_taps = [t for t in self.taps if t.var in shifting]
-        va, sa = self._operand(arrays[self.a.buffer], self.a.index, {}, ranges, letters)
-        vb, sb = self._operand(arrays[self.b.buffer], self.b.index, {}, ranges, letters)
+        va, sa = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters)
+        vb, sb = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters)
         first = {t.var: t.lo for t in loop_taps}
         so = _view(arrays[self.out], self.out_index, first, ranges, letters)[1]
         lead = "".join(letters[t.var] for t in loop_taps)
-        full = np.einsum(f"{sa},{sb}->{lead}{so}", va, vb, optimize=True)
+        full = _matmul(va, sa, vb, sb, lead + so)
         if self.scale != 1:
             full *= full.dtype.type(self.scale)
         for values in itertools.product(*(range(t.lo, t.hi) for t in loop_taps)):
@@ -62,19 +65,81 @@ class Contraction:
             vo = _view(arrays[self.out], self.out_index, env, ranges, letters)[0]
             vo += full[tuple(v - t.lo for v, t in zip(values, loop_taps, strict=True))]
 
-    def _operand(self, array, index, env, ranges, letters):
-        """The operand's view; taps it reads at an offset (x[i + r]) become leading axes of a
-        stacked copy (im2col), so that all taps go into one BLAS call."""
-        stacked = [t for t in self.taps if t.var not in env and any(t.var in _offset_vars(_terms(e)) for e in index)]
+    def _operand(self, array, index, ranges, letters):
+        """The operand's view; taps it reads at an offset (x[n, c, i + r]) become axes of a
+        stacked copy (im2col) right after its first axis (x_stacked[n, r, c, i]), so that all
+        taps go into BLAS calls batched over that axis (see `_matmul`)."""
+        stacked = [t for t in self.taps if any(t.var in _offset_vars(_terms(e)) for e in index)]
         if not stacked:
-            return _view(array, index, env, ranges, letters)
-        views = []
-        for values in itertools.product(*(range(t.lo, t.hi) for t in stacked)):
-            view, subs = _view(array, index, {**env, **dict(zip((t.var for t in stacked), values, strict=True))},
-                               ranges, letters)
-            views.append(view)
-        data = np.stack(views).reshape(tuple(t.extent for t in stacked) + views[0].shape)
-        return data, "".join(letters[t.var] for t in stacked) + subs
+            return _view(array, index, {}, ranges, letters)
+        combos = list(itertools.product(*(range(t.lo, t.hi) for t in stacked)))
+        views = [_view(array, index, dict(zip((t.var for t in stacked), values, strict=True)), ranges, letters)
+                 for values in combos]
+        subs, shape = views[0][1], views[0][0].shape
+        at = min(1, len(shape))
+        data = pool.empty(shape[:at] + (len(combos),) + shape[at:], array.dtype)
+        for k, (view, _) in enumerate(views):
+            np.copyto(data[(slice(None),) * at + (k,)], view)
+        data = data.reshape(shape[:at] + tuple(t.extent for t in stacked) + shape[at:])
+        return data, subs[:at] + "".join(letters[t.var] for t in stacked) + subs[at:]
+
+
+def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
+    """einsum(f"{sa},{sb}->{out}", va, vb) as BLAS matrix products, without copying the larger
+    operand where its strides allow: each operand's axes are grouped in memory order into
+    (free, summed) matrices, batched over the larger operand's outermost axis when grouping
+    needs it (a convolution's image index), and the operand holding the output's last letter
+    goes right, so that the product's innermost axis is the output's. Letters in both operands
+    and the output (or repeated) go to einsum."""
+    summed = [c for c in sa if c in sb and c not in out]
+    free_a, free_b = [c for c in sa if c not in sb], [c for c in sb if c not in sa]
+    if sorted(free_a + free_b) != sorted(out) or len(set(sa + sb)) != len(free_a + free_b + summed):
+        return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
+    if out and out[-1] in sa:
+        va, sa, vb, sb, free_a, free_b = vb, sb, va, sa, free_b, free_a
+    size = dict(zip(sa, va.shape)) | dict(zip(sb, vb.shape))
+    big, sbig = (va, sa) if va.size >= vb.size else (vb, sb)
+    summed = _memory_order(big, sbig, summed)
+    free_a, free_b = _memory_order(va, sa, free_a), _memory_order(vb, sb, free_b)
+    batch = []
+    a, b = _grouped(va, sa, [[], free_a, summed]), _grouped(vb, sb, [[], summed, free_b])
+    outer = _memory_order(big, sbig, sbig)[0] if sbig else None
+    if (a is None or b is None) and outer is not None and size[outer] > 1:
+        rest_a, rest_b, rest_s = ([c for c in x if c != outer] for x in (free_a, free_b, summed))
+        a2 = _grouped(va, sa, [[outer] if outer in sa else [], rest_a, rest_s])
+        b2 = _grouped(vb, sb, [[outer] if outer in sb else [], rest_s, rest_b])
+        if a2 is not None and b2 is not None:
+            a, b, batch, free_a, free_b, summed = a2, b2, [outer], rest_a, rest_b, rest_s
+    if a is None or b is None:  # a copy is unavoidable: let numpy make it
+        a = va.transpose([sa.index(c) for c in free_a + summed]).reshape(
+            1, math.prod(size[c] for c in free_a), math.prod(size[c] for c in summed))
+        b = vb.transpose([sb.index(c) for c in summed + free_b]).reshape(
+            1, math.prod(size[c] for c in summed), math.prod(size[c] for c in free_b))
+    product = np.matmul(a, b, out=pool.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), big.dtype))
+    letters = free_a + free_b
+    if batch and batch[0] in out:
+        letters = batch + letters
+    else:
+        product = product.sum(axis=0)
+    product = product.reshape([size[c] for c in letters])
+    return product.transpose([letters.index(c) for c in out])
+
+
+def _memory_order(v: np.ndarray, subs: str, letters) -> list[str]:
+    return sorted(letters, key=lambda c: -abs(v.strides[subs.index(c)]))
+
+
+def _grouped(v: np.ndarray, subs: str, groups: list[list[str]]) -> np.ndarray | None:
+    """A view of `v` with one axis per group of letters (an empty group is an axis of 1), or
+    None where a group's axes cannot merge without a copy."""
+    shape, strides = [], []
+    for group in groups:
+        axes = [subs.index(c) for c in group if v.shape[subs.index(c)] != 1]
+        if any(v.strides[x] != v.strides[y] * v.shape[y] for x, y in zip(axes, axes[1:])):
+            return None
+        shape.append(math.prod(v.shape[x] for x in axes))
+        strides.append(v.strides[axes[-1]] if axes else v.itemsize)
+    return np.lib.stride_tricks.as_strided(v, shape, strides)
 
 
 def _offset_vars(terms: dict) -> set[Var]:
