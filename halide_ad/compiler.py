@@ -20,7 +20,7 @@ from halide_ad.runtime.codegen import emit_backward, emit_forward
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
 from halide_ad.solver import Fallback, Gather, invert
-from halide_ad.traverse import rewrite, simplify, substitute, walk
+from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,7 @@ def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
 
 
 MAX_INLINED_LOADS = 2  # per tap of a window that reads an inlined adjoint
+MAX_INLINED_NODES = 200  # a reshape's div/mod index: inlined into the next one, the sizes multiply
 
 
 def _inline_pointwise(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[AdjointPlan]:
@@ -150,8 +151,9 @@ def _inline_pointwise(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[Ad
         value = _pointwise_value(plan, wrt)
         name = adjoint_name(plan.adjoint.buffer)
         later = out[k + 1:]
-        if value is None or any(isinstance(c, Contraction) and _reads(c.inverse.scatter.value, name)
-                                for p in later for c in p.contributions):
+        blas_reads = any(isinstance(c, Contraction) and _reads(c.inverse.scatter.value, name)
+                         for p in later for c in p.contributions)
+        if value is None or blas_reads or larger_than([value], MAX_INLINED_NODES):
             continue
 
         readers = [c for p in later for c in p.contributions if any(_reads(v, name) for v in _values(c))]

@@ -9,6 +9,8 @@ build nodes with the helpers at the bottom, which fold constants and resolve dty
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field
 from enum import Enum
@@ -221,6 +223,7 @@ def dtype_of(e: Expr) -> str:
     raise TypeError(f"not an expression: {e!r}")
 
 
+@functools.cache  # numpy's dtype names are slow, and the compiler asks for the same pairs all the time
 def promote(a: str, b: str) -> str:
     return np.result_type(np.dtype(a), np.dtype(b)).name
 

@@ -1,8 +1,9 @@
 """One traversal for every pass: `map_children`, then `rewrite`, `substitute`, `simplify`."""
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, replace
 
 from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Reduce, Select, Var, cast, const, dtype_of, is_float
@@ -55,6 +56,12 @@ def walk(e: Expr) -> Iterator[Expr]:
         node = stack.pop()
         yield node
         stack.extend(children(node))
+
+
+def larger_than(exprs: Iterable[Expr], nodes: int) -> bool:
+    """More than `nodes` nodes in all of `exprs` together (the count stops there)."""
+    every = (n for e in exprs for n in walk(e))
+    return next(itertools.islice(every, nodes, None), None) is not None
 
 
 def rewrite(e: Expr, rule: Callable[[Expr], Expr | None]) -> Expr:

@@ -22,7 +22,8 @@ from halide_ad.traverse import walk
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
-_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked"}
+_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span"}
+_LOCAL = re.compile(r"h\d+")  # the names of hoisted loads
 
 
 @dataclass
@@ -37,7 +38,8 @@ class Emitter:
 
     def name(self, v: Var) -> str:
         if v not in self.names:
-            base = v.name if v.name not in self.shapes and v.name not in _RESERVED else v.name + "_"
+            clash = v.name in self.shapes or v.name in _RESERVED or _LOCAL.fullmatch(v.name)
+            base = v.name + "_" if clash else v.name
             taken = set(self.names.values())
             name, k = base, 1
             while name in taken or name in self.shapes:
@@ -306,9 +308,9 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
     """
     from halide_ad.solver import Gather
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
+    shapes |= {adjoint_name(n): sh for n, sh in shapes.items()}  # inlined adjoints read ones stored earlier
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     computed = [p for p in plans if p.contributions and not p.inlined]
-    shapes |= {adjoint_name(p.adjoint.buffer): p.adjoint.shape for p in plans}
     shapes |= {"ct_" + p.adjoint.buffer: p.adjoint.shape for p in computed if p.adjoint.seeded}
     em = Emitter(shapes)
     w = em.out
@@ -359,20 +361,19 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         lo, hi = box[vars_[d]]
         return f"{lo} <= {em.name(vars_[d])} <= {hi}"
 
-    # the points outside the box
+    # the points outside the box: the last box dimension runs the spans below and above the box
+    # where the outer ones are inside it, else its whole extent (one copy of the general body)
     if any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
-        v, (lo, hi) = em.name(vars_[last]), box[vars_[last]]
-        w.line(f"{v} = 0")
-        w.line(f"while {v} < {shape[last]}:")
+        n, (lo, hi) = shape[last], box[vars_[last]]
+        around = f"((0, {lo}), ({hi + 1}, {n}))"
+        outer = [in_box(d) for d in dims if d < last]
+        w.line(f"spans = {around} if {' and '.join(outer)} else ((0, {n}), ({n}, {n}))" if outer else
+               f"spans = {around}")
+        w.line("for span in spans:")
         w.depth += 1
-        w.line(f"if {' and '.join([in_box(d) for d in dims if d < last] + [f'{v} == {lo}'])}:")
-        w.line(f"    {v} = {hi + 1}  # the box runs below")
-        w.line("    continue")
-        step = w.depth
+        _open_loop(w, em.name(vars_[last]), "span[0], span[1]", False)
         _full_loops(w, em, vars_, shape, range(last + 1, len(vars_)), par, lambda: body(gathers))
-        w.depth = step
-        w.line(f"{v} += 1")
         w.depth = level
 
     # the box

@@ -23,10 +23,11 @@ from halide_ad.solver import Gather, GatherPiece
 from halide_ad.solver.affine import Affine, linear_form
 from halide_ad.solver.bounds import interval, is_data_dependent
 from halide_ad.solver.invert import piece_is_empty
-from halide_ad.traverse import rewrite, simplify, substitute, walk
+from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
 MAX_MARGIN = 8
 MAX_PHASES = 4  # each phase is a copy of the loop body
+MAX_NODES = 4000  # in all gathers: past it (a reshape chain's div/mod towers), splitting costs more than it saves
 Box = dict[Var, tuple[int, int]]  # inclusive ranges of the gather variables
 
 
@@ -53,6 +54,8 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     """
     if not new_vars:
         return None  # a 0-d adjoint: one point, nothing to split
+    if larger_than((e for g in gathers for p in g.pieces for e in _piece_exprs(p)), MAX_NODES):
+        return None  # the general loop nest is right, and rewriting it would take longer than it runs
     extents = dict(zip(new_vars, shape, strict=True))
     margins = _grow({v: (0, 0) for v in new_vars}, extents, gathers, _boundary_terms)
     if margins is None:
@@ -108,7 +111,8 @@ def _unroll(g: Gather) -> Gather:
     pieces: list[GatherPiece] = []
     for p in g.pieces:
         pieces += _unrolled(p, MAX_UNROLLED)
-    return replace(g, pieces=tuple(pieces))
+    # a written-out tap is a constant in a parity test, (4*q + 1) % 2: fold it
+    return _substitute_gather(replace(g, pieces=tuple(pieces)), {})
 
 
 def _unrolled(p: GatherPiece, budget: int) -> list[GatherPiece]:
@@ -148,7 +152,7 @@ def _piece_exprs(p: GatherPiece):
 
 
 def _substitute_gather(g: Gather, env: dict[Var, Expr]) -> Gather:
-    sub = lambda e: _divide_indices(simplify(substitute(e, env)))
+    sub = lambda e: simplify(_divide_indices(simplify(substitute(e, env))))  # again: a folded test folds its select
     pieces = tuple(GatherPiece(tuple(Range(r.var, sub(r.lo), sub(r.hi)) for r in p.loops),
                                tuple(tuple(sub(c) for c in level) for level in p.guards), sub(p.value),
                                tuple((v, sub(e)) for v, e in p.solution), p.single)

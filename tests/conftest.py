@@ -1,5 +1,13 @@
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# The fuzzers and property tests draw the same examples on every run, so that a CI failure
+# reproduces; HALIDE_AD_FUZZ_RANDOM=1 explores new ones (add what it finds with @example).
+settings.register_profile("halide_ad", derandomize=not os.environ.get("HALIDE_AD_FUZZ_RANDOM"))
+settings.load_profile("halide_ad")
 
 
 @pytest.fixture
