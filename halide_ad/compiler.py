@@ -19,7 +19,7 @@ from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.codegen import emit_backward, emit_forward
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
-from halide_ad.solver import Fallback, Gather, invert
+from halide_ad.solver import Fallback, Gather, disk_cache, invert
 from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
 
@@ -242,7 +242,8 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     def flush():
         if any(p.contributions and not p.inlined for p in segment):
             entry = f"backward{len(sources)}"
-            source, params, checks = emit_backward(program, list(segment), entry)
+            key = ("emit_backward", program, tuple(segment), entry)  # scheduling asks z3 too
+            source, params, checks = disk_cache.cached(key, lambda: emit_backward(program, list(segment), entry))
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
             sources.append(source)
         segment.clear()

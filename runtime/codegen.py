@@ -23,7 +23,7 @@ _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span"}
-_LOCAL = re.compile(r"h\d+")  # the names of hoisted loads
+_LOCAL = re.compile(r"h\d+|f32_\d+")  # the names of hoisted loads and float32 literals
 
 
 @dataclass
@@ -35,6 +35,9 @@ class Emitter:
     out: Writer = field(default_factory=Writer)
     used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
     hoisted: dict[Load, str] = field(default_factory=dict)  # loads already held in a local
+    # float32 literals, defined once at module level: numba freezes globals into constants, and
+    # typing an np.float32(...) call at every use made big kernels compile ~25% slower
+    float32s: dict[str, str] = field(default_factory=dict)
 
     def name(self, v: Var) -> str:
         if v not in self.names:
@@ -54,7 +57,9 @@ class Emitter:
             return repr(int(value))
         text = "np.inf" if value == math.inf else "-np.inf" if value == -math.inf else \
             "np.nan" if value != value else repr(float(value))
-        return f"np.float32({text})" if dtype == "float32" else text
+        if dtype != "float32":
+            return text
+        return self.float32s.setdefault(f"np.float32({text})", f"f32_{len(self.float32s)}")
 
     def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
         self.used[buffer] = None
@@ -196,7 +201,8 @@ def _function(em: Emitter, entry: str) -> str:
     head = Writer()
     head.line(f"def {entry}({', '.join([*em.used, 'status'])}):")
     helpers, body = _outline_parallel_bodies(em.out.lines, entry, [*em.used, "status"])
-    return "".join(helpers) + head.text() + "\n".join(body) + "\n"
+    literals = "".join(f"{name} = {text}\n" for text, name in em.float32s.items())
+    return literals + "".join(helpers) + head.text() + "\n".join(body) + "\n"
 
 
 OUTLINE_MIN_LINES = 40

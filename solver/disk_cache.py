@@ -1,12 +1,13 @@
-"""Solver results on disk, so that a new process does not run z3 again for a scatter it inverted before.
+"""Solver results and generated gradient code on disk, so that a new process does not run z3
+(or the scheduler, which asks z3 too) again for a program it compiled before.
 
 One file per entry in `<cache dir>/solver/` (the kernels' cache dir: `HALIDE_AD_CACHE_DIR`, else
 `~/.cache/halide_ad`), named by a sha256 of the key's repr and a salt: halide_ad's, z3's and Python's
-versions and a hash of the solver's source (and of the IR it reads), so that editing the solver
-invalidates old entries. A file holds a sha256 of its payload, then the pickled (repr(key), value):
-a file that is truncated, garbled, unreadable or for another key is a miss, never trusted, and the
-recomputed value replaces it. Writes go to a temporary file in the same folder and `os.replace` it,
-so concurrent processes see whole entries only; an unwritable cache dir just stores nothing.
+versions and a hash of halide_ad's source, so that editing the compiler invalidates old entries.
+A file holds a sha256 of its payload, then the pickled (repr(key), value): a file that is
+truncated, garbled, unreadable or for another key is a miss, never trusted, and the recomputed
+value replaces it. Writes go to a temporary file in the same folder and `os.replace` it, so
+concurrent processes see whole entries only; an unwritable cache dir just stores nothing.
 """
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ import tempfile
 
 @functools.cache
 def _salt() -> str:
-    from halide_ad import __version__, ir, traverse
+    import halide_ad
+    from halide_ad import __version__, runtime
     from halide_ad.solver import z3_bridge
-    here = os.path.dirname(os.path.abspath(__file__))
-    source = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(here, "*.py"))) + [ir.__file__, traverse.__file__]:
-        with open(path, "rb") as fh:
-            source.update(fh.read())
+    source = hashlib.sha256()  # of all of halide_ad: solver results and generated code both depend on it
+    for package in (halide_ad, runtime, sys.modules[__package__]):
+        for path in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(package.__file__)), "*.py"))):
+            with open(path, "rb") as fh:
+                source.update(fh.read())
     return f"{__version__}|{z3_bridge.Z3_VERSION}|{sys.version_info[:2]}|{source.hexdigest()}"
 
 
@@ -50,6 +52,19 @@ def load(key):
         return value if stored_key == key_text else None
     except Exception:  # missing, unreadable, unpicklable: recompute
         return None
+
+
+def cached(key, compute):
+    """`compute()`, or its value stored for `key` by an earlier call or process. Not stored when a
+    z3 query answered 'unknown' meanwhile: a later run, with more time, may do better."""
+    from halide_ad.solver import z3_bridge
+    value = load(key)
+    if value is None:
+        unknowns = z3_bridge.unknown_answers()
+        value = compute()
+        if z3_bridge.unknown_answers() == unknowns:
+            store(key, value)
+    return value
 
 
 def store(key, value) -> None:
