@@ -243,7 +243,8 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
         if any(p.contributions and not p.inlined for p in segment):
             entry = f"backward{len(sources)}"
             key = ("emit_backward", program, tuple(segment), entry)  # scheduling asks z3 too
-            source, params, checks = disk_cache.cached(key, lambda: emit_backward(program, list(segment), entry))
+            emit = functools.partial(emit_backward, program, list(segment), entry)
+            source, params, checks = disk_cache.cached(key, emit)
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
             sources.append(source)
         segment.clear()

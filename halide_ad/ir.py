@@ -10,7 +10,6 @@ build nodes with the helpers at the bottom, which fold constants and resolve dty
 from __future__ import annotations
 
 import functools
-
 import math
 from dataclasses import dataclass, field
 from enum import Enum

@@ -347,8 +347,8 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
 
 def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str) -> None:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, two nests: one over
-    the points outside the box running the general gathers (the last box dimension is a while
-    loop that jumps over the box), and one over the box running `split.inside`, or each phase's
+    the points outside the box running the general gathers (the last box dimension runs the spans
+    below and above the box), and one over the box running `split.inside`, or each phase's
     gathers with the phased dimensions as j = stride*q + p. Each body is emitted once per phase."""
     par = _parallel_dim(shape)
     box = {} if split is None else {v: b for v, b in split.box.items()

@@ -117,9 +117,11 @@ def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
             1, math.prod(size[c] for c in summed), math.prod(size[c] for c in free_b))
     product = np.matmul(a, b, out=pool.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), big.dtype))
     letters = free_a + free_b
-    if batch and batch[0] in out:
+    if not batch:
+        product = product[0]
+    elif batch[0] in out:
         letters = batch + letters
-    else:
+    else:  # a summed image index: one small product per image
         product = product.sum(axis=0)
     product = product.reshape([size[c] for c in letters])
     return product.transpose([letters.index(c) for c in out])

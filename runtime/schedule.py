@@ -27,7 +27,7 @@ from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
 MAX_MARGIN = 8
 MAX_PHASES = 4  # each phase is a copy of the loop body
-MAX_NODES = 4000  # in all gathers: past it (a reshape chain's div/mod towers), splitting costs more than it saves
+MAX_NODES = 4000  # in all gathers: past it, splitting costs more than it saves (div/mod towers)
 Box = dict[Var, tuple[int, int]]  # inclusive ranges of the gather variables
 
 
@@ -111,6 +111,8 @@ def _unroll(g: Gather) -> Gather:
     pieces: list[GatherPiece] = []
     for p in g.pieces:
         pieces += _unrolled(p, MAX_UNROLLED)
+    if len(pieces) == len(g.pieces) and all(a is b for a, b in zip(pieces, g.pieces)):
+        return g  # nothing written out
     # a written-out tap is a constant in a parity test, (4*q + 1) % 2: fold it
     return _substitute_gather(replace(g, pieces=tuple(pieces)), {})
 
@@ -152,7 +154,8 @@ def _piece_exprs(p: GatherPiece):
 
 
 def _substitute_gather(g: Gather, env: dict[Var, Expr]) -> Gather:
-    sub = lambda e: simplify(_divide_indices(simplify(substitute(e, env))))  # again: a folded test folds its select
+    # simplified again after dividing: a test that folds to a constant folds its select
+    sub = lambda e: simplify(_divide_indices(simplify(substitute(e, env))))
     pieces = tuple(GatherPiece(tuple(Range(r.var, sub(r.lo), sub(r.hi)) for r in p.loops),
                                tuple(tuple(sub(c) for c in level) for level in p.guards), sub(p.value),
                                tuple((v, sub(e)) for v, e in p.solution), p.single)

@@ -12,9 +12,13 @@ import pytest
 import z3
 
 import halide_ad as hd
+from halide_ad.api import as_function
 from halide_ad.errors import SourceLoc
 from halide_ad.ir import Bin, Load, Op, Range, Scatter, Var, const
+from halide_ad.runtime.reference import evaluate, scatter_adjoints
 from halide_ad.solver import Fallback, Gather
+
+from tests import programs as P
 
 inv = importlib.import_module("halide_ad.solver.invert")
 z3_bridge = importlib.import_module("halide_ad.solver.z3_bridge")
@@ -194,6 +198,13 @@ def test_a_second_process_computes_the_same_gradient_from_the_disk_cache(tmp_pat
                        capture_output=True, check=True, cwd=root)
     assert entries(tmp_path / "cache" / "solver")
     np.testing.assert_array_equal(np.load(tmp_path / "warm.npy"), np.load(tmp_path / "cold.npy"))
+    # and both are right: reverse mode's scatters run as written, without the solver
+    img = np.arange(42.0).reshape(6, 7) ** 1.5
+    traced, arrays = as_function(P.blur3).trace((img, "repeat_edge"), {})
+    forward = evaluate(traced.program, arrays)
+    out = forward[traced.program.outputs[0]]
+    expected = scatter_adjoints(traced.program, ("img",), arrays | forward, {traced.program.outputs[0]: np.cos(out)})
+    np.testing.assert_allclose(np.load(tmp_path / "warm.npy"), expected["img"], rtol=1e-12, atol=1e-12)
 
 
 def test_generated_gradient_code_is_cached_too(folder, monkeypatch):
