@@ -55,12 +55,10 @@ class ContractionStep:
     contractions: tuple[Contraction, ...]
 
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
-        if self.init == "zeros":
-            buffers[self.out].fill(0)
-        elif self.init != "kernel":
+        if self.init not in ("zeros", "kernel"):
             np.copyto(buffers[self.out], buffers[self.init].reshape(buffers[self.out].shape))
-        for c in self.contractions:
-            c.accumulate(buffers)
+        for k, c in enumerate(self.contractions):
+            c.accumulate(buffers, assign=self.init == "zeros" and k == 0)
 
 
 @dataclass

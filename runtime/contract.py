@@ -43,27 +43,99 @@ class Contraction:
     def form(self) -> str:
         return self.inverse.form if self.inverse is not None else "gather-window"
 
-    def accumulate(self, buffers: dict[str, np.ndarray]) -> None:
-        """One BLAS product over all taps (`_matmul`); taps that shift the output window (col2im,
-        as in a convolution's input gradient) are then added window by window."""
+    def accumulate(self, buffers: dict[str, np.ndarray], *, assign: bool = False) -> None:
+        """out += the contraction, or with `assign`, out = it (zero where it does not write).
+
+        One BLAS product over all taps (`_matmul`). Taps that shift the output window (as in a
+        convolution's input gradient) move onto the operand that carries the window
+        (`_correlation`); where they cannot, their products are added window by window."""
         shapes = dict(self.shapes)
         arrays = {n: buffers[n].reshape(shapes[n]) for n in (self.out, self.a.buffer, self.b.buffer)}
         ranges = {r.var: r for r in self.domain}
         letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
         shifting = {v for e in self.out_index for v in _offset_vars(_terms(e))}
         loop_taps = [t for t in self.taps if t.var in shifting]
+        parts = self._correlation(loop_taps, arrays, ranges, letters)
+        if parts is None and not loop_taps:
+            parts = [(self._operand(arrays[self.a.buffer], self.a.index, ranges, letters),
+                      self._operand(arrays[self.b.buffer], self.b.index, ranges, letters),
+                      _view(arrays[self.out], self.out_index, {}, ranges, letters))]
+        if parts is not None:  # disjoint windows: each is written once
+            overwrite = assign and sum(window.size for _, _, (window, _) in parts) == arrays[self.out].size
+            if assign and not overwrite:
+                arrays[self.out].fill(0)
+            for (va, sa), (vb, sb), (window, so) in parts:
+                _write(window, _matmul(va, sa, vb, sb, so), self.scale, overwrite)
+            return
+        if assign:
+            arrays[self.out].fill(0)
         va, sa = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters)
         vb, sb = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters)
-        first = {t.var: t.lo for t in loop_taps}
-        so = _view(arrays[self.out], self.out_index, first, ranges, letters)[1]
+        so = _view(arrays[self.out], self.out_index, {t.var: t.lo for t in loop_taps}, ranges, letters)[1]
         lead = "".join(letters[t.var] for t in loop_taps)
         full = _matmul(va, sa, vb, sb, lead + so)
-        if self.scale != 1:
-            full *= full.dtype.type(self.scale)
         for values in itertools.product(*(range(t.lo, t.hi) for t in loop_taps)):
             env = dict(zip((t.var for t in loop_taps), values, strict=True))
             vo = _view(arrays[self.out], self.out_index, env, ranges, letters)[0]
-            vo += full[tuple(v - t.lo for v, t in zip(values, loop_taps, strict=True))]
+            _write(vo, full[tuple(v - t.lo for v, t in zip(values, loop_taps, strict=True))], self.scale, False)
+
+    def _correlation(self, loop_taps, arrays, ranges, letters):
+        """`out[s*i + r] += a[i] * b[r]` as correlations, `out[s*u + f] += sum_m a_padded[u - m] *
+        b[s*m + f]`, one per phase f of the stride s: the operand that carries the output's
+        window is zero-padded and stacked once per tap, so that one product per phase, with the
+        taps summed inside BLAS, writes that phase of the output, and no window sums follow (a
+        convolution's input gradient). Per phase: the operands and the output's window, each with
+        its subscripts; None where the indices are not of that form."""
+        if not loop_taps:
+            return None
+        taps = {t.var: t for t in loop_taps}
+        strides = {}  # tap -> (the main variable it shifts, that variable's stride)
+        for e in self.out_index:
+            t = _terms(e)
+            vs = [v for v in t if v is not None and t[v]]
+            tap, main = [v for v in vs if v in taps], [v for v in vs if v not in taps]
+            if tap and (len(tap) != 1 or len(main) != 1 or t[tap[0]] != 1 or t[main[0]] < 1 or tap[0] in strides):
+                return None
+            if tap:
+                strides[tap[0]] = (main[0], t[main[0]])
+        if len(strides) != len(taps):
+            return None
+        mains = {m for m, _ in strides.values()}
+        for carrier, other in ((self.a, self.b), (self.b, self.a)):
+            if mains <= _plain(carrier.index) and not taps.keys() & _used(carrier.index) and taps.keys() <= _plain(
+                    other.index) and not mains & _used(other.index) and _used(other.index) == _plain(other.index):
+                break
+        else:
+            return None
+        view, subs = _view(arrays[carrier.buffer], carrier.index, {}, ranges, letters)
+        most = {letters[strides[v][0]]: -(-t.extent // strides[v][1]) for v, t in taps.items()}  # taps per phase
+        padded = pool.empty(tuple(n + 2 * (most.get(c, 1) - 1) for c, n in zip(subs, view.shape)), view.dtype)
+        padded.fill(0)
+        padded[tuple(slice(most.get(c, 1) - 1, most.get(c, 1) - 1 + n) for c, n in zip(subs, view.shape))] = view
+        other_view, other_subs = _view(arrays[other.buffer], other.index, {}, ranges, letters)
+        tap_subs = "".join(letters[t.var] for t in loop_taps)
+        parts = []
+        for phase in itertools.product(*(range(min(strides[t.var][1], t.extent)) for t in loop_taps)):
+            counts = [-(-(t.extent - f) // strides[t.var][1]) for t, f in zip(loop_taps, phase, strict=True)]
+            extra = {letters[strides[t.var][0]]: n - 1 for t, n in zip(loop_taps, counts, strict=True)}
+            windows = []
+            for ms in itertools.product(*map(range, counts)):  # tap s*m + f reads a_padded[u - m]
+                start = {letters[strides[t.var][0]]: most[letters[strides[t.var][0]]] - 1 - m
+                         for t, m in zip(loop_taps, ms, strict=True)}
+                windows.append(padded[tuple(slice(start[c], start[c] + n + extra[c]) if c in start else slice(None)
+                                            for c, n in zip(subs, view.shape))])
+            stacked = _stacked(windows, subs, tap_subs, counts)
+            phased = {letters[t.var]: (f, strides[t.var][1], n) for t, f, n in zip(loop_taps, phase, counts, strict=True)}
+            weights = other_view[tuple(slice(phased[c][0], phased[c][0] + phased[c][1] * (phased[c][2] - 1) + 1,
+                                             phased[c][1]) if c in phased else slice(None) for c in other_subs)]
+            wide = ranges | {strides[t.var][0]: Range(strides[t.var][0], ranges[strides[t.var][0]].lo,
+                                                      ranges[strides[t.var][0]].hi + n - 1)
+                             for t, n in zip(loop_taps, counts, strict=True)}
+            window = _view(arrays[self.out], self.out_index, {t.var: t.lo + f for t, f in zip(loop_taps, phase)},
+                           wide, letters)
+            pair = (weights, other_subs)
+            parts.append((stacked, pair, window) if carrier is self.a else (pair, stacked, window))
+        return parts
 
     def _operand(self, array, index, ranges, letters):
         """The operand's view; taps it reads at an offset (x[n, c, i + r]) become axes of a
@@ -75,13 +147,30 @@ class Contraction:
         combos = list(itertools.product(*(range(t.lo, t.hi) for t in stacked)))
         views = [_view(array, index, dict(zip((t.var for t in stacked), values, strict=True)), ranges, letters)
                  for values in combos]
-        subs, shape = views[0][1], views[0][0].shape
-        at = min(1, len(shape))
-        data = pool.empty(shape[:at] + (len(combos),) + shape[at:], array.dtype)
-        for k, (view, _) in enumerate(views):
-            np.copyto(data[(slice(None),) * at + (k,)], view)
-        data = data.reshape(shape[:at] + tuple(t.extent for t in stacked) + shape[at:])
-        return data, subs[:at] + "".join(letters[t.var] for t in stacked) + subs[at:]
+        return _stacked([v for v, _ in views], views[0][1], "".join(letters[t.var] for t in stacked),
+                        [t.extent for t in stacked])
+
+
+def _stacked(windows: list[np.ndarray], subs: str, tap_subs: str, extents: list[int]) -> tuple[np.ndarray, str]:
+    """The windows copied into one array, their taps as axes right after the first axis (im2col),
+    so that all taps go into BLAS calls batched over that axis (see `_matmul`), and its subscripts."""
+    shape = windows[0].shape
+    at = min(1, len(shape))
+    data = pool.empty(shape[:at] + (len(windows),) + shape[at:], windows[0].dtype)
+    for k, view in enumerate(windows):
+        np.copyto(data[(slice(None),) * at + (k,)], view)
+    data = data.reshape(shape[:at] + tuple(extents) + shape[at:])
+    return data, subs[:at] + tap_subs + subs[at:]
+
+
+def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: bool) -> None:
+    """window (+)= scale * product, in one pass."""
+    if scale != 1:
+        np.multiply(product, product.dtype.type(scale), out=product)
+    if overwrite:
+        np.copyto(window, product)
+    else:
+        window += product
 
 
 def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
@@ -101,13 +190,20 @@ def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
     big, sbig = (va, sa) if va.size >= vb.size else (vb, sb)
     summed = _memory_order(big, sbig, summed)
     free_a, free_b = _memory_order(va, sa, free_a), _memory_order(vb, sb, free_b)
+
+    def grouped(v, subs, left, right, batch):
+        groups = [[c for c in batch if c in subs], left, right]
+        view = _grouped(v, subs, groups)
+        if view is None and v is not big:  # the smaller operand is cheap to copy into the order needed
+            view = _grouped(*_contiguous(v, subs, [c for group in groups for c in group]), groups)
+        return view
+
     batch = []
-    a, b = _grouped(va, sa, [[], free_a, summed]), _grouped(vb, sb, [[], summed, free_b])
+    a, b = grouped(va, sa, free_a, summed, []), grouped(vb, sb, summed, free_b, [])
     outer = _memory_order(big, sbig, sbig)[0] if sbig else None
     if (a is None or b is None) and outer is not None and size[outer] > 1:
         rest_a, rest_b, rest_s = ([c for c in x if c != outer] for x in (free_a, free_b, summed))
-        a2 = _grouped(va, sa, [[outer] if outer in sa else [], rest_a, rest_s])
-        b2 = _grouped(vb, sb, [[outer] if outer in sb else [], rest_s, rest_b])
+        a2, b2 = grouped(va, sa, rest_a, rest_s, [outer]), grouped(vb, sb, rest_s, rest_b, [outer])
         if a2 is not None and b2 is not None:
             a, b, batch, free_a, free_b, summed = a2, b2, [outer], rest_a, rest_b, rest_s
     if a is None or b is None:  # a copy is unavoidable: let numpy make it
@@ -127,6 +223,10 @@ def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
     return product.transpose([letters.index(c) for c in out])
 
 
+def _contiguous(v: np.ndarray, subs: str, order: list[str]) -> tuple[np.ndarray, str]:
+    return np.ascontiguousarray(v.transpose([subs.index(c) for c in order])), "".join(order)
+
+
 def _memory_order(v: np.ndarray, subs: str, letters) -> list[str]:
     return sorted(letters, key=lambda c: -abs(v.strides[subs.index(c)]))
 
@@ -142,6 +242,21 @@ def _grouped(v: np.ndarray, subs: str, groups: list[list[str]]) -> np.ndarray | 
         shape.append(math.prod(v.shape[x] for x in axes))
         strides.append(v.strides[axes[-1]] if axes else v.itemsize)
     return np.lib.stride_tricks.as_strided(v, shape, strides)
+
+
+def _vars(e: Expr) -> set[Var]:
+    return {v for v, c in _terms(e).items() if v is not None and c}
+
+
+def _used(index) -> set[Var]:
+    return set().union(*map(_vars, index))
+
+
+def _plain(index) -> set[Var]:
+    """The variables that `index` reads only as whole components (x[..., v, ...])."""
+    forms = [_terms(e) for e in index]
+    whole = {v for f in forms for v in f if v is not None and f == {v: 1, None: 0}}
+    return whole - {v for f in forms if len(f) != 2 or f.get(None) != 0 or 1 not in f.values() for v in f}
 
 
 def _offset_vars(terms: dict) -> set[Var]:

@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
-from halide_ad.runtime.contract import _matmul
+from halide_ad.runtime.contract import Contraction, _matmul
 
 import halide_ad as hd
 
@@ -59,3 +59,60 @@ def test_convolution_through_blas_matches_finite_differences(stride, shape):
     hd.check_grad(lambda x, w: conv(x, w, stride), x, w)
     explained = str(hd.explain(conv, x, w, stride))
     assert explained.count("[computed by BLAS]") == 2, explained  # the input's and the weight's gradients
+
+
+@hd.func
+def conv1d_shifted(x, w):
+    """A 1-D convolution that reads one sample to the right: the window's index has a constant."""
+    N, C, L = x.shape
+    K, _, R = w.shape
+    c, r = hd.rdom(C, R)
+    return hd.compute((N, K, L - R), lambda n, k, i: hd.sum(x[n, c, i + r + 1] * w[k, c, r]))
+
+
+@pytest.fixture
+def correlations(monkeypatch):
+    """How many contractions took `_correlation` (one product per stride phase, no window sums)."""
+    taken = []
+    real = Contraction._correlation
+
+    def spy(self, *args):
+        parts = real(self, *args)
+        taken.append(parts is not None)
+        return parts
+
+    monkeypatch.setattr(Contraction, "_correlation", spy)
+    return taken
+
+
+@pytest.mark.parametrize("stride, taps", [(1, (3, 3)), (2, (3, 3)), (3, (2, 3)), (2, (1, 4))])
+def test_input_gradient_as_correlation_matches_torch(stride, taps, correlations):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 10, 11))
+    w = rng.standard_normal((16, 3) + taps)
+    out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, stride), x, w)
+    ct = rng.standard_normal(out.shape)
+    gx, gw = vjp_fn(ct)
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    torch.nn.functional.conv2d(tx, tw, stride=stride).backward(torch.from_numpy(ct))
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+    assert correlations == [True, False], correlations  # the input's gradient; the weight's has no shifted output
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_correlation_with_a_constant_offset(dtype, correlations):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 12)).astype(dtype)
+    w = rng.standard_normal((16, 3, 4)).astype(dtype)
+    hd.check_grad(conv1d_shifted, x, w)
+    out, vjp_fn = hd.vjp(conv1d_shifted, x, w)
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    gx, _ = vjp_fn(ct)
+    expected = np.zeros_like(x)
+    for r in range(4):  # the scatter as written: adj_x[n, c, i + r + 1] += ct[n, k, i] * w[k, c, r]
+        expected[:, :, r + 1:r + 1 + out.shape[2]] += np.einsum("nki,kc->nci", ct, w[:, :, r])
+    assert gx.dtype == dtype
+    np.testing.assert_allclose(gx, expected, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
+    assert True in correlations
