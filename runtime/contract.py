@@ -10,6 +10,7 @@ image index, so that neither the operands nor the products are copied again.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -265,6 +266,7 @@ def _offset_vars(terms: dict) -> set[Var]:
     return vs if len(vs) > 1 else set()
 
 
+@functools.lru_cache(maxsize=4096)  # every call of a contraction asks again; callers must not mutate
 def _terms(e: Expr) -> dict[Var, int] | None:
     """Integer affine coefficients of an index component, with the constant under key None."""
     form = linear_form(e)
