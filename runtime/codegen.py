@@ -2,7 +2,9 @@
 
 `emit_forward` writes one function that fills every Func's buffer, stage after stage;
 `emit_backward` writes one that fills every adjoint: a gather loop nest per adjoint (one writer
-per element, `prange` over the outermost useful dimension), then any fallback scatters.
+per element, parallel over the outermost useful dimension), then any fallback scatters. Loop
+nests are written with `prange` marking the parallel loop; `_outline` then turns each into a
+numba function that runs a range of that loop, called through `parallel_for`.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from halide_ad.traverse import walk
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
-_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span"}
+_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "start", "stop",
+             "parallel_for", "kernel"}
 _LOCAL = re.compile(r"h\d+|f32_\d+")  # the names of hoisted loads and float32 literals
 
 
@@ -164,8 +167,7 @@ def _is_power_of_two(k) -> bool:
 
 
 def _parallel_min_points() -> int:
-    """Below this many points a loop nest runs serially: threads cost more than they save there,
-    and numba compiles a prange loop several times slower than a plain one. Set with
+    """Below this many points a loop nest runs serially: threads cost more than they save there. Set with
     HALIDE_AD_PARALLEL_MIN_POINTS (0: every loop nest with more than one point is parallel)."""
     return int(os.environ.get("HALIDE_AD_PARALLEL_MIN_POINTS", str(1 << 14)))
 
@@ -196,64 +198,81 @@ def _open_loop(w: Writer, name: str, bounds: str, parallel: bool) -> None:
 
 
 def _function(em: Emitter, entry: str) -> str:
-    """Wrap the emitted body in `def entry(<the buffers it uses>, status):`, with the bodies of
-    big parallel loops outlined into functions of their own."""
-    head = Writer()
-    head.line(f"def {entry}({', '.join([*em.used, 'status'])}):")
-    helpers, body = _outline_parallel_bodies(em.out.lines, entry, [*em.used, "status"])
+    """The module text for `entry(<the buffers it uses>, status)`: its loop nests become numba
+    functions (`_outline`), and `entry` itself is the Python that calls them in order."""
+    names = [*em.used, "status"]
+    helpers, body = _outline(em.out.lines, entry, names)
     literals = "".join(f"{name} = {text}\n" for text, name in em.float32s.items())
-    return literals + "".join(helpers) + head.text() + "\n".join(body) + "\n"
+    return literals + "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(body) + "\n"
 
 
-OUTLINE_MIN_LINES = 40
 _PRANGE = re.compile(r"^( *)for (\w+)_ in prange\((.*)\):$")
 _FOR = re.compile(r"^( *)for (\w+) in range\(")
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+_HELPER = "@kernel\n"
 
 
-def _outline_parallel_bodies(lines: list[str], entry: str, names: list[str]):
-    """(helper sources, the remaining lines): the body of each prange loop longer than
-    OUTLINE_MIN_LINES becomes `@njit def entry_p<k>(j, ...)`, called once per iteration.
+def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str], list[str]]:
+    """(helper sources, the entry's body). Each prange loop becomes `entry_p<k>(start, stop, ...)`,
+    a numba function running the iterations [start, stop), which the entry hands to
+    `parallel_for` (runtime/parallel.py); the statements between them become serial functions
+    `entry_s<k>(...)`. Loops that enclose a prange (of extent 1: the parallel dimension is the
+    first longer one) stay in the entry, as Python."""
+    helpers: list[str] = []
 
-    numba's parallel passes (copy propagation over every block of the function) grow faster
-    than linearly with the size of the function: a bilinear resize gradient took minutes to
-    compile as one function. Outlined, the parallel function is a few lines and the bodies go
-    through numba's ordinary pipeline; one call per outer iteration costs nothing measurable.
-    """
-    helpers, out, k = [], [], 0
-    outer: list[tuple[int, str]] = []  # enclosing serial loops: (indent, variable)
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        indent = len(line) - len(line.lstrip(" "))
-        outer = [(d, v) for d, v in outer if d < indent]
-        match = _PRANGE.match(line)
-        if match is None:
-            if (m := _FOR.match(line)) is not None:
-                outer.append((indent, m.group(2)))
-            out.append(line)
-            i += 1
-            continue
-        end = i + 1
-        while end < len(lines) and (not lines[end].strip() or
-                                    len(lines[end]) - len(lines[end].lstrip(" ")) > indent):
-            end += 1
-        body = lines[i + 2:end]  # lines[i + 1] rebinds the index as int64: the parameter is one
-        if len(body) < OUTLINE_MIN_LINES:
-            out += lines[i:end]
-            i = end
-            continue
-        var = match.group(2)
+    def params(body: list[str], outer: list[str]) -> list[str]:
         used = set(_NAME.findall("\n".join(body)))
-        params = [var] + [v for _, v in outer if v in used] + [n for n in names if n in used]
-        name = f"{entry}_p{k}"
-        k += 1
-        cut = indent + 4
-        helpers.append(f"@njit(cache=True)\ndef {name}({', '.join(params)}):\n"
-                       + "".join("    " + b[cut:] + "\n" for b in body) + "\n\n")
-        out += [line, " " * (indent + 4) + f"{name}(np.int64({var}_), {', '.join(params[1:])})"]
-        i = end
-    return helpers, out
+        return [v for v in outer if v in used] + [n for n in names if n in used]
+
+    def helper(kind: str, args: list[str], body: list[str], indent: int) -> str:
+        name = f"{entry}_{kind}{len(helpers)}"
+        helpers.append(f"{_HELPER}def {name}({', '.join(args)}):\n"
+                       + "".join(" " * 4 + line[indent:] + "\n" for line in body) + "\n\n")
+        return name
+
+    def level(lines: list[str], indent: int, outer: list[str]) -> list[str]:
+        out, serial = [], []
+
+        def flush() -> None:
+            if any(line.strip() and not line.strip().startswith("#") for line in serial):
+                args = params(serial, outer)
+                out.append(" " * indent + f"{helper('s', args, serial, indent)}({', '.join(args)})")
+            else:
+                out.extend(serial)
+            serial.clear()
+
+        for statement in _statements(lines, indent):
+            head = statement[0]
+            if head.strip() == "return None" or not any("prange(" in line for line in statement):
+                serial += statement if head.strip() != "return None" else []
+                continue
+            flush()
+            if (match := _PRANGE.match(head)) is not None:
+                var, bounds = match.group(2), match.group(3)
+                body = [" " * indent + f"for {var} in range(start, stop):"] + statement[2:]  # [1]: the int64 rebinding
+                args = params(body, outer)
+                name = helper("p", ["start", "stop", *args], body, indent)
+                out.append(" " * indent + f"parallel_for({name}, {bounds}{''.join(', ' + a for a in args)})")
+            else:
+                loop = _FOR.match(head)
+                assert loop is not None, f"a prange inside a statement that is not a loop: {head!r}"
+                out.append(head)
+                out += level(statement[1:], indent + 4, outer + [loop.group(2)])
+        flush()
+        return out
+
+    return helpers, level(lines, 4, []) + ["    return None"]
+
+
+def _statements(lines: list[str], indent: int) -> list[list[str]]:
+    """`lines` cut into statements at `indent`: each a line and the deeper lines after it."""
+    statements: list[list[str]] = []
+    for line in lines:
+        if statements and (not line.strip() or len(line) - len(line.lstrip(" ")) > indent):
+            statements[-1].append(line)
+        else:
+            statements.append([line])
+    return statements
 
 
 def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple[str, list[str], list[str]]:

@@ -179,8 +179,8 @@ def run_fresh():
         del sys.modules[name]
     kernel = compile_forward(traced.program)
     out = run_forward(traced.program, kernel, arrays)[traced.program.outputs[0]]
-    hits = sum(sum(k.dispatcher.stats.cache_hits.values()) for k in C._loaded.values())
-    misses = sum(sum(k.dispatcher.stats.cache_misses.values()) for k in C._loaded.values())
+    hits = sum(sum(d.stats.cache_hits.values()) for k in C._loaded.values() for d in k.dispatchers)
+    misses = sum(sum(d.stats.cache_misses.values()) for k in C._loaded.values() for d in k.dispatchers)
     return out, hits, misses
 
 def files(pattern):

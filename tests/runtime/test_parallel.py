@@ -1,0 +1,78 @@
+"""Kernels' parallel loops: `parallel_for` runs every iteration once, in contiguous chunks, on
+any thread count; generated kernels use it (not numba's prange pipeline) with noalias arrays."""
+import itertools
+
+import numba
+import numpy as np
+import pytest
+from halide_ad.runtime.parallel import _noalias, kernel, parallel_for
+
+import halide_ad as hd
+
+
+@kernel
+def _count(start, stop, hits):
+    for i in range(start, stop):
+        hits[i] += 1
+
+
+@pytest.fixture(params=[1, 2, 3])
+def threads(request):
+    if request.param > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip(f"numba has {numba.config.NUMBA_NUM_THREADS} threads")
+    before = numba.get_num_threads()
+    numba.set_num_threads(request.param)
+    yield request.param
+    numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("start, stop", [(0, 0), (0, 1), (3, 5), (0, 1000), (7, 7)])
+def test_every_iteration_runs_once(start, stop, threads):
+    hits = np.zeros(max(stop, 1), np.int64)
+    parallel_for(_count, start, stop, hits)
+    expected = np.zeros_like(hits)
+    expected[start:stop] = 1
+    np.testing.assert_array_equal(hits, expected)
+
+
+def test_chunks_are_contiguous_and_ordered(threads):
+    chunks = []
+    parallel_for(lambda lo, hi: chunks.append((lo, hi)), 10, 110)
+    chunks.sort()
+    assert chunks[0][0] == 10 and chunks[-1][1] == 110 and len(chunks) == threads
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
+
+
+def test_an_error_in_any_chunk_is_raised(threads):
+    def body(lo, hi):
+        if hi == 100:  # the last chunk: on a worker thread when there is more than one
+            raise ValueError("chunk failed")
+
+    with pytest.raises(ValueError, match="chunk failed"):
+        parallel_for(body, 0, 100)
+
+
+def test_kernels_mark_arrays_noalias():
+    """Without the flag LLVM does not vectorize loops that store to one array and load another;
+    a numba that moves it would make every kernel several times slower, silently."""
+    assert _noalias() == {"noalias": True}
+
+
+def test_generated_kernels_run_their_loops_through_parallel_for():
+    @hd.func
+    def blur(x):
+        e = hd.repeat_edge(x)
+        r = hd.rdom(3)
+        return hd.compute(x.shape, lambda i, j: hd.sum(e[i, j + r - 1]) / 3)
+
+    x = np.random.default_rng(0).standard_normal((200, 200))  # past the serial threshold of 2**14 points
+    source = str(hd.explain(blur, x))
+    assert "prange" not in source and "parallel=True" not in source
+    assert source.count("parallel_for(") >= 2, source  # the forward's loop and the gradient's
+    hd.check_grad(blur, x[:40, :50])
+    out, vjp_fn = hd.vjp(blur, x)
+    (g,) = vjp_fn(np.ones_like(out))
+    expected = np.zeros_like(x)  # the scatter as written: each output adds 1/3 at its three taps
+    for r in range(3):
+        np.add.at(expected, (slice(None), np.clip(np.arange(200) + r - 1, 0, 199)), 1 / 3)
+    np.testing.assert_allclose(g, expected, rtol=1e-12)
