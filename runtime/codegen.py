@@ -213,11 +213,13 @@ _HELPER = "@kernel\n"
 
 
 def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str], list[str]]:
-    """(helper sources, the entry's body). Each prange loop becomes `entry_p<k>(start, stop, ...)`,
-    a numba function running the iterations [start, stop), which the entry hands to
-    `parallel_for` (runtime/parallel.py); the statements between them become serial functions
-    `entry_s<k>(...)`. Loops that enclose a prange (of extent 1: the parallel dimension is the
-    first longer one) stay in the entry, as Python."""
+    """(helper sources, the entry's body). The body of each prange loop becomes a numba function
+    of the loop index, `entry_b<k>(j, ...)`, and `entry_p<k>(start, stop, ...)` calls it for the
+    iterations [start, stop): the entry hands that to `parallel_for` (runtime/parallel.py). (With
+    the loop inside the body's own function, LLVM made the bilinear gradient ~20% slower.) The
+    statements between prange loops become serial functions `entry_s<k>(...)`. Loops that enclose
+    a prange (of extent 1: the parallel dimension is the first longer one) stay in the entry, as
+    Python."""
     helpers: list[str] = []
 
     def params(body: list[str], outer: list[str]) -> list[str]:
@@ -249,9 +251,11 @@ def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str],
             flush()
             if (match := _PRANGE.match(head)) is not None:
                 var, bounds = match.group(2), match.group(3)
-                body = [" " * indent + f"for {var} in range(start, stop):"] + statement[2:]  # [1]: the int64 rebinding
+                body = statement[2:]  # [1] rebinds the index as int64: the parameter is one
                 args = params(body, outer)
-                name = helper("p", ["start", "stop", *args], body, indent)
+                iteration = helper("b", [var, *args], body, indent + 4)
+                name = helper("p", ["start", "stop", *args], [f"for {var} in range(start, stop):",
+                                                              f"    {iteration}({', '.join([var, *args])})"], 0)
                 out.append(" " * indent + f"parallel_for({name}, {bounds}{''.join(', ' + a for a in args)})")
             else:
                 loop = _FOR.match(head)
