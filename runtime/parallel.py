@@ -19,6 +19,7 @@ slower, unvectorized; the error checks of Python's division cost the bilinear gr
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,6 +28,16 @@ from numba import njit
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+
+
+def _forget_pool() -> None:
+    """In a forked child the pool's threads do not exist: work handed to it would never run."""
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _workers() -> ThreadPoolExecutor:

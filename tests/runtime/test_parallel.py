@@ -76,3 +76,21 @@ def test_generated_kernels_run_their_loops_through_parallel_for():
     for r in range(3):
         np.add.at(expected, (slice(None), np.clip(np.arange(200) + r - 1, 0, 199)), 1 / 3)
     np.testing.assert_allclose(g, expected, rtol=1e-12)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_runs_parallel_loops(threads):
+    """A child forked after the pool started has none of its threads: it must start its own."""
+    import multiprocessing
+
+    parallel_for(_count, 0, 10, np.zeros(10, np.int64))  # the parent's pool is running
+    with multiprocessing.get_context("fork").Pool(1) as children:
+        hits = children.apply_async(_count_in_child, (threads,)).get(timeout=60)
+    np.testing.assert_array_equal(hits, np.ones(100, np.int64))
+
+
+def _count_in_child(threads):
+    numba.set_num_threads(threads)
+    hits = np.zeros(100, np.int64)
+    parallel_for(_count, 0, 100, hits)
+    return hits
