@@ -1,9 +1,8 @@
 """Running a kernel's parallel loop on threads.
 
 Each parallel loop of a generated kernel is a numba function that releases the GIL and runs the
-iterations [start, stop) of its outer loop; `parallel_for` splits the loop into one contiguous
-chunk per thread (as numba's static prange schedule does) and runs the chunks on a shared thread
-pool, the first on the calling thread. Not numba's `parallel=True`: its passes compile several
+iterations [start, stop) of its outer loop; `parallel_for` splits the loop into contiguous chunks
+and runs them on a shared thread pool and the calling thread. Not numba's `parallel=True`: its passes compile several
 times slower, re-optimize the whole loop body a second time, and its OpenMP threads spin after
 every loop, which halves the speed of a BLAS call that follows on a small machine.
 
@@ -26,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 from numba import njit
 
+CHUNKS_PER_THREAD = 4
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
@@ -49,19 +49,32 @@ def _workers() -> ThreadPoolExecutor:
 
 
 def parallel_for(body, start: int, stop: int, *args) -> None:
-    """body(lo, hi, *args) for contiguous chunks [lo, hi) covering [start, stop), in parallel."""
+    """body(lo, hi, *args) for contiguous chunks [lo, hi) covering [start, stop), in parallel.
+    CHUNKS_PER_THREAD chunks per thread, taken in order by whichever thread is free: a thread
+    that another process slows down holds up the loop by one small chunk, not by half of it."""
     threads = min(numba.get_num_threads(), stop - start)
     if threads <= 1:
         body(start, stop, *args)
         return
-    bounds = [start + (stop - start) * k // threads for k in range(threads + 1)]
+    pieces = min(stop - start, CHUNKS_PER_THREAD * threads)
+    chunks = itertools.pairwise([start + (stop - start) * k // pieces for k in range(pieces + 1)])
+    taking = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with taking:
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            body(*chunk, *args)
+
     pool = _workers()
-    futures = [pool.submit(body, lo, hi, *args) for lo, hi in itertools.pairwise(bounds[1:])]
+    futures = [pool.submit(work) for _ in range(threads - 1)]
     try:
-        body(bounds[0], bounds[1], *args)
+        work()
     finally:
         for f in futures:
-            f.result()  # waits, and raises what the chunk raised
+            f.result()  # waits, and raises what a chunk raised
 
 
 def _noalias() -> dict[str, bool]:

@@ -1,11 +1,14 @@
 """Kernels' parallel loops: `parallel_for` runs every iteration once, in contiguous chunks, on
 any thread count; generated kernels use it (not numba's prange pipeline) with noalias arrays."""
 import itertools
+import os
+import subprocess
+import sys
 
 import numba
 import numpy as np
 import pytest
-from halide_ad.runtime.parallel import _noalias, kernel, parallel_for
+from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, _noalias, kernel, parallel_for
 
 import halide_ad as hd
 
@@ -35,17 +38,18 @@ def test_every_iteration_runs_once(start, stop, threads):
     np.testing.assert_array_equal(hits, expected)
 
 
-def test_chunks_are_contiguous_and_ordered(threads):
+def test_chunks_are_contiguous_and_cover_the_range(threads):
     chunks = []
     parallel_for(lambda lo, hi: chunks.append((lo, hi)), 10, 110)
     chunks.sort()
-    assert chunks[0][0] == 10 and chunks[-1][1] == 110 and len(chunks) == threads
-    assert all(a[1] == b[0] for a, b in itertools.pairwise(chunks))
+    assert chunks[0][0] == 10 and chunks[-1][1] == 110
+    assert len(chunks) == (1 if threads == 1 else CHUNKS_PER_THREAD * threads)
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in itertools.pairwise(chunks))
 
 
 def test_an_error_in_any_chunk_is_raised(threads):
     def body(lo, hi):
-        if hi == 100:  # the last chunk: on a worker thread when there is more than one
+        if hi == 100:  # the last chunk
             raise ValueError("chunk failed")
 
     with pytest.raises(ValueError, match="chunk failed"):
@@ -78,19 +82,32 @@ def test_generated_kernels_run_their_loops_through_parallel_for():
     np.testing.assert_allclose(g, expected, rtol=1e-12)
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
-def test_a_forked_child_runs_parallel_loops(threads):
-    """A child forked after the pool started has none of its threads: it must start its own."""
-    import multiprocessing
+FORKED = """
+import multiprocessing, numpy as np
+from halide_ad.runtime.parallel import parallel_for
 
-    parallel_for(_count, 0, 10, np.zeros(10, np.int64))  # the parent's pool is running
-    with multiprocessing.get_context("fork").Pool(1) as children:
-        hits = children.apply_async(_count_in_child, (threads,)).get(timeout=60)
-    np.testing.assert_array_equal(hits, np.ones(100, np.int64))
+def count(lo, hi, hits):
+    hits[lo:hi] += 1
 
-
-def _count_in_child(threads):
-    numba.set_num_threads(threads)
+def in_child():
     hits = np.zeros(100, np.int64)
-    parallel_for(_count, 0, 100, hits)
-    return hits
+    parallel_for(count, 0, 100, hits)
+    return hits.tolist()
+
+if __name__ == "__main__":
+    parallel_for(count, 0, 10, np.zeros(10, np.int64))  # the parent's pool is running
+    with multiprocessing.get_context("fork").Pool(1) as children:
+        print(sum(children.apply_async(in_child).get(timeout=60)))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_runs_parallel_loops(tmp_path):
+    """A child forked after the pool started has none of its threads: it must start its own.
+    (In a process of its own: this test session may hold other libraries' threads across a fork.)"""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False,
+                          env=os.environ | {"NUMBA_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "100"
