@@ -90,52 +90,49 @@ class Contraction:
         if not loop_taps:
             return None
         taps = {t.var: t for t in loop_taps}
-        strides = {}  # tap -> (the main variable it shifts, that variable's stride)
+        shifted = {}  # tap -> (the variable whose output axis it shifts, that variable's stride)
         for e in self.out_index:
             t = _terms(e)
             vs = [v for v in t if v is not None and t[v]]
             tap, main = [v for v in vs if v in taps], [v for v in vs if v not in taps]
-            if tap and (len(tap) != 1 or len(main) != 1 or t[tap[0]] != 1 or t[main[0]] < 1 or tap[0] in strides):
+            if tap and (len(tap) != 1 or len(main) != 1 or t[tap[0]] != 1 or t[main[0]] < 1 or tap[0] in shifted):
                 return None
             if tap:
-                strides[tap[0]] = (main[0], t[main[0]])
-        if len(strides) != len(taps):
+                shifted[tap[0]] = (main[0], t[main[0]])
+        if len(shifted) != len(taps):
             return None
-        mains = {m for m, _ in strides.values()}
+        mains = {m for m, _ in shifted.values()}
         for carrier, other in ((self.a, self.b), (self.b, self.a)):
             if mains <= _plain(carrier.index) and not taps.keys() & _used(carrier.index) and taps.keys() <= _plain(
                     other.index) and not mains & _used(other.index) and _used(other.index) == _plain(other.index):
                 break
         else:
             return None
+        axis = {v: letters[m] for v, (m, _) in shifted.items()}  # the carrier's axis each tap shifts
+        stride = {v: s for v, (_, s) in shifted.items()}
         view, subs = _view(arrays[carrier.buffer], carrier.index, {}, ranges, letters)
-        most = {letters[strides[v][0]]: -(-t.extent // strides[v][1]) for v, t in taps.items()}  # taps per phase
-        padded = pool.empty(tuple(n + 2 * (most.get(c, 1) - 1) for c, n in zip(subs, view.shape)), view.dtype)
+        pad = {axis[v]: -(-t.extent // stride[v]) - 1 for v, t in taps.items()}  # most taps of a phase, less 1
+        padded = pool.empty(tuple(n + 2 * pad.get(c, 0) for c, n in zip(subs, view.shape)), view.dtype)
         padded.fill(0)
-        padded[tuple(slice(most.get(c, 1) - 1, most.get(c, 1) - 1 + n) for c, n in zip(subs, view.shape))] = view
+        padded[tuple(slice(pad.get(c, 0), pad.get(c, 0) + n) for c, n in zip(subs, view.shape))] = view
         other_view, other_subs = _view(arrays[other.buffer], other.index, {}, ranges, letters)
-        tap_subs = "".join(letters[t.var] for t in loop_taps)
         parts = []
-        for phase in itertools.product(*(range(min(strides[t.var][1], t.extent)) for t in loop_taps)):
-            counts = [-(-(t.extent - f) // strides[t.var][1]) for t, f in zip(loop_taps, phase, strict=True)]
-            extra = {letters[strides[t.var][0]]: n - 1 for t, n in zip(loop_taps, counts, strict=True)}
+        for phase in itertools.product(*(range(min(stride[t.var], t.extent)) for t in loop_taps)):
+            first = {t.var: f for t, f in zip(loop_taps, phase, strict=True)}
+            count = {v: -(-(taps[v].extent - f) // stride[v]) for v, f in first.items()}  # taps s*m + f
             windows = []
-            for ms in itertools.product(*map(range, counts)):  # tap s*m + f reads a_padded[u - m]
-                start = {letters[strides[t.var][0]]: most[letters[strides[t.var][0]]] - 1 - m
-                         for t, m in zip(loop_taps, ms, strict=True)}
-                windows.append(padded[tuple(slice(start[c], start[c] + n + extra[c]) if c in start else slice(None)
-                                            for c, n in zip(subs, view.shape))])
-            stacked = _stacked(windows, subs, tap_subs, counts)
-            phased = {letters[t.var]: (f, strides[t.var][1], n) for t, f, n in zip(loop_taps, phase, counts, strict=True)}
-            weights = other_view[tuple(slice(phased[c][0], phased[c][0] + phased[c][1] * (phased[c][2] - 1) + 1,
-                                             phased[c][1]) if c in phased else slice(None) for c in other_subs)]
-            wide = ranges | {strides[t.var][0]: Range(strides[t.var][0], ranges[strides[t.var][0]].lo,
-                                                      ranges[strides[t.var][0]].hi + n - 1)
-                             for t, n in zip(loop_taps, counts, strict=True)}
-            window = _view(arrays[self.out], self.out_index, {t.var: t.lo + f for t, f in zip(loop_taps, phase)},
-                           wide, letters)
-            pair = (weights, other_subs)
-            parts.append((stacked, pair, window) if carrier is self.a else (pair, stacked, window))
+            for ms in itertools.product(*(range(count[t.var]) for t in loop_taps)):  # tap s*m + f reads a[u - m]
+                start = {axis[t.var]: (pad[axis[t.var]] - m, count[t.var]) for t, m in zip(loop_taps, ms, strict=True)}
+                windows.append(padded[tuple(slice(start[c][0], start[c][0] + n + start[c][1] - 1) if c in start
+                                            else slice(None) for c, n in zip(subs, view.shape))])
+            stacked = _stacked(windows, subs, "".join(letters[t.var] for t in loop_taps),
+                               [count[t.var] for t in loop_taps])
+            of_phase = {letters[v]: slice(f, f + stride[v] * (count[v] - 1) + 1, stride[v]) for v, f in first.items()}
+            weights = (other_view[tuple(of_phase.get(c, slice(None)) for c in other_subs)], other_subs)
+            wide = ranges | {m: Range(m, ranges[m].lo, ranges[m].hi + count[v] - 1) for v, (m, _) in shifted.items()}
+            window = _view(arrays[self.out], self.out_index, {v: taps[v].lo + f for v, f in first.items()}, wide,
+                           letters)
+            parts.append((stacked, weights, window) if carrier is self.a else (weights, stacked, window))
         return parts
 
     def _operand(self, array, index, ranges, letters):
