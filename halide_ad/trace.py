@@ -46,9 +46,9 @@ class TraceState:
 
 
 # Names that generated kernels use for themselves, so no buffer may take them.
-_GENERATED_CODE_NAMES = set(vars(builtins)) | {"np", "math", "numba", "njit", "prange", "parallel_for", "kernel", "checked",
-                                               "status", "acc", "arg", "val", "start", "stop", "forward",
-                                               "backward"}
+_GENERATED_CODE_NAMES = set(vars(builtins)) | {
+    "np", "math", "numba", "njit", "prange", "parallel_for", "kernel", "checked", "status", "acc", "arg", "val",
+    "start", "stop", "forward", "backward"}
 
 _local = threading.local()
 

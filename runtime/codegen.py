@@ -209,7 +209,6 @@ def _function(em: Emitter, entry: str) -> str:
 _PRANGE = re.compile(r"^( *)for (\w+)_ in prange\((.*)\):$")
 _FOR = re.compile(r"^( *)for (\w+) in range\(")
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")
-_HELPER = "@kernel\n"
 
 
 def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str], list[str]]:
@@ -228,7 +227,7 @@ def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str],
 
     def helper(kind: str, args: list[str], body: list[str], indent: int) -> str:
         name = f"{entry}_{kind}{len(helpers)}"
-        helpers.append(f"{_HELPER}def {name}({', '.join(args)}):\n"
+        helpers.append(f"@kernel\ndef {name}({', '.join(args)}):\n"
                        + "".join(" " * 4 + line[indent:] + "\n" for line in body) + "\n\n")
         return name
 
@@ -245,8 +244,10 @@ def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str],
 
         for statement in _statements(lines, indent):
             head = statement[0]
-            if head.strip() == "return None" or not any("prange(" in line for line in statement):
-                serial += statement if head.strip() != "return None" else []
+            if head.strip() == "return None":  # the entry ends with its own
+                continue
+            if not any("prange(" in line for line in statement):
+                serial += statement
                 continue
             flush()
             if (match := _PRANGE.match(head)) is not None:

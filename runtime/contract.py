@@ -102,9 +102,12 @@ class Contraction:
         if len(shifted) != len(taps):
             return None
         mains = {m for m, _ in shifted.values()}
+        # the carrier reads the shifted variables whole and no tap; the other reads only whole variables,
+        # the taps among them and none of the shifted ones
         for carrier, other in ((self.a, self.b), (self.b, self.a)):
-            if mains <= _plain(carrier.index) and not taps.keys() & _used(carrier.index) and taps.keys() <= _plain(
-                    other.index) and not mains & _used(other.index) and _used(other.index) == _plain(other.index):
+            whole = _plain(other.index)
+            if (mains <= _plain(carrier.index) and not taps.keys() & _used(carrier.index)
+                    and whole == _used(other.index) and taps.keys() <= whole and not mains & whole):
                 break
         else:
             return None
