@@ -370,10 +370,11 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
 
 
 def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str) -> None:
-    """The loop nest over `vars_` running `body(gathers)`, or, with a Split, two nests: one over
-    the points outside the box running the general gathers (the last box dimension runs the spans
-    below and above the box), and one over the box running `split.inside`, or each phase's
-    gathers with the phased dimensions as j = stride*q + p. Each body is emitted once per phase."""
+    """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
+    around the box running that region's specialized gathers (or, without regions, one over all
+    the points outside the box running the general gathers), then one over the box running
+    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. Each
+    body is emitted once per region and once per phase."""
     par = _parallel_dim(shape)
     box = {} if split is None else {v: b for v, b in split.box.items()
                                     if b != (0, shape[vars_.index(v)] - 1) or v in split.phased}
@@ -383,21 +384,30 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         _full_loops(w, em, vars_, shape, range(len(vars_)), par, lambda: body(gathers))
         w.depth = depth
         return
-    first, last = dims[0], dims[-1]
+    first = dims[0]
     _full_loops(w, em, vars_, shape, range(first), par, lambda: None)
     level = w.depth
 
-    def in_box(d: int) -> str:
-        lo, hi = box[vars_[d]]
-        return f"{lo} <= {em.name(vars_[d])} <= {hi}"
-
-    # the points outside the box: the last box dimension runs the spans below and above the box
-    # where the outer ones are inside it, else its whole extent (one copy of the general body)
-    if any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
+    # the points outside the box: each region runs its own specialized gathers, each point read
+    # once; a thin region (a row of one image) runs serially, in one function with its neighbours
+    for region, gs in split.outside:
+        ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+        parallel = math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= _parallel_min_points()
+        for d in range(first, len(vars_)):
+            lo, hi = ranges[vars_[d]]
+            _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par and parallel)
+        _hoist_loads(w, em, gs, ranges, written)
+        body(gs)
+        em.hoisted.clear()
+        w.depth = level
+    if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
+        # no regions: the general gathers run outside the box, where the last box dimension runs the
+        # spans below and above it if the outer ones are inside it, else its whole extent
+        last = dims[-1]
         _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
         n, (lo, hi) = shape[last], box[vars_[last]]
         around = f"((0, {lo}), ({hi + 1}, {n}))"
-        outer = [in_box(d) for d in dims if d < last]
+        outer = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
         w.line(f"spans = {around} if {' and '.join(outer)} else ((0, {n}), ({n}, {n}))" if outer else
                f"spans = {around}")
         w.line("for span in spans:")

@@ -4,7 +4,10 @@ box's innermost dimension into phases.
 At the boundary a gather needs its guards (`j == 0`) and clamped window bounds
 (`range(max(j - 7, 0), min(j + 1, 3))`); inside, interval analysis decides every such guard and
 picks one side of every min/max, so the interior loop has no per-element branch and constant
-window loops that LLVM can unroll and vectorize.
+window loops that LLVM can unroll and vectorize. The points around the box are tiled into
+regions, each edge row and column on its own where there are few (else one region per side), and
+each region gets its own copy of the gathers, specialized the same way: at a repeat_edge border
+the clamped windows fold to constant taps, and a boundary point costs what an interior one does.
 
 A stride s leaves `(j - r) // s` and parity tests in the gathers, whose windows change with
 j % s. Inside the box the innermost j runs as `j = s*q + p` with each phase p emitted on its own:
@@ -43,6 +46,7 @@ class Split:
     strides: tuple[int, ...] = ()
     phase_vars: tuple[Var, ...] = ()
     phases: dict[tuple[int, ...], list[Gather]] = field(default_factory=dict)
+    outside: tuple[tuple[Box, list[Gather]], ...] = ()  # regions around the box, each specialized
 
 
 def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Gather]) -> Split | None:
@@ -67,7 +71,43 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     if not split.phased and all(m == (0, 0) for m in margins.values()):
         return None  # no boundary and no stride: nothing to split
     # windows are written out last: every piece of the phases costs z3 a query
-    return replace(split, inside=[_unroll(_substitute_gather(g, {})) for g in split.inside])
+    return replace(split, inside=[_unroll(_substitute_gather(g, {})) for g in split.inside],
+                   outside=_outside(split.box, extents, gathers))
+
+
+MAX_REGIONS = 8  # each region around the box is a copy of the loop body
+
+
+def _outside(box: Box, extents: dict[Var, int], gathers: list[Gather]) -> tuple[tuple[Box, list[Gather]], ...]:
+    """The regions around the box, each with its gathers specialized to it; none (the general
+    gathers run there) unless every guard and window bound folds, as they do at a repeat_edge
+    border. A mirror's period quotients do not: there the copies would only be longer to compile."""
+    outside = tuple((r, [_unroll(_at(_specialize(g, r), r)) for g in gathers]) for r in _regions(box, extents))
+    gs = [(r, g) for r, region in outside for g in region]
+    if (larger_than((e for _, g in gs for p in g.pieces for e in _piece_exprs(p)), MAX_NODES)
+            or any(_boundary_terms(p, r) for r, g in gs for p in g.pieces)):
+        return ()
+    return outside
+
+
+def _regions(box: Box, extents: dict[Var, int]) -> list[Box]:
+    """Boxes that tile the points outside `box`: each edge row or column on its own, where there
+    are few enough, so that every guard and window bound of the boundary folds to a constant and
+    a boundary point costs what an interior one does; else one region per side."""
+    def segments(v: Var, single: bool) -> list[tuple[int, int]]:
+        (lo, hi), n = box[v], extents[v]
+        if single:
+            return [(c, c) for c in range(lo)] + [(lo, hi)] + [(c, c) for c in range(hi + 1, n)]
+        return [s for s in ((0, lo - 1), (lo, hi), (hi + 1, n - 1)) if s[0] <= s[1]]
+
+    single = math.prod(len(segments(v, True)) for v in box) - 1 <= MAX_REGIONS
+    combos = itertools.product(*(segments(v, single) for v in box))
+    return [dict(zip(box, c, strict=True)) for c in combos if any(s != box[v] for v, s in zip(box, c, strict=True))]
+
+
+def _at(g: Gather, region: Box) -> Gather:
+    """`g` with the variables that `region` pins to one value replaced by it."""
+    return _substitute_gather(g, {v: const(lo, INDEX_DTYPE) for v, (lo, hi) in region.items() if lo == hi})
 
 
 def _phases(split: Split, new_vars: tuple[Var, ...]) -> Split:
@@ -132,16 +172,25 @@ def _unrolled(p: GatherPiece, budget: int) -> list[GatherPiece]:
 
 
 def _stride(gathers: list[Gather], j: Var) -> int:
-    """The lcm of the constant divisors of the floor divisions and mods of j in the gathers."""
+    """The lcm of the periods in j of the floor divisions and mods by constants in the gathers.
+    `(a*j + e) // d` has period d / gcd(a, d): `(2*j + t + 1) % 2`, a bilinear weight's parity
+    test, does not change with j, and phases for it would only make the loads strided."""
     stride = 1
     for g in gathers:
         for p in g.pieces:
             for e in _piece_exprs(p):
                 for n in walk(e):
                     if (isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
-                            and j in _vars(n.lhs) and math.lcm(stride, n.rhs.value) <= MAX_PHASES):
-                        stride = math.lcm(stride, n.rhs.value)
+                            and j in _vars(n.lhs)):
+                        period = _period(n.lhs, j, n.rhs.value)
+                        if math.lcm(stride, period) <= MAX_PHASES:
+                            stride = math.lcm(stride, period)
     return stride
+
+
+def _period(e: Expr, j: Var, divisor: int) -> int:
+    form = linear_form(e)
+    return divisor if form is None else divisor // math.gcd(form[0].get(j, 0), divisor)
 
 
 def _piece_exprs(p: GatherPiece):

@@ -65,3 +65,59 @@ def test_pointwise_adjoints_are_not_stored():
     assert "adj_relu" not in report.backward_source.split(":")[0]  # not a kernel parameter
     _matches_scatter_reference(blur_relu_pool, x)
     hd.check_grad(blur_relu_pool, x + np.linspace(0, 0.3, x.size).reshape(x.shape))
+
+
+@hd.func
+def blur_edge(x):
+    e = hd.repeat_edge(x)
+    r, s = hd.rdom(3, 3)
+    return hd.compute(x.shape, lambda i, j: hd.sum(e[i + r - 1, j + s - 1]) / 9)
+
+
+@hd.func
+def bilinear2x(x):
+    """2x bilinear upsampling with half-pixel centres, edges repeated (as torch's default)."""
+    e = hd.repeat_edge(x)
+
+    def taps(i):
+        w = hd.where(i % 2 == 0, 0.25, 0.75)
+        return ((i - 1) // 2, w), ((i + 1) // 2, 1 - w)
+
+    def pixel(i, j):
+        (y0, wy0), (y1, wy1) = taps(i)
+        (x0, wx0), (x1, wx1) = taps(j)
+        return wy0 * (wx0 * e[y0, x0] + wx1 * e[y0, x1]) + wy1 * (wx0 * e[y1, x0] + wx1 * e[y1, x1])
+
+    return hd.compute((2 * x.shape[0], 2 * x.shape[1]), pixel)
+
+
+@pytest.mark.parametrize("fn, shape", [(blur_edge, (9, 11)), (bilinear2x, (5, 7)), (blur_edge, (1, 6))])
+def test_boundary_regions_fold_to_constants(fn, shape):
+    """Each edge row and column around the interior runs its own copy of the gathers, specialized
+    to it: no guard, clamped window bound or parity test is left to run per point. The bilinear
+    weights' parity tests, (2*j + t + 1) % 2, do not depend on j: no phases for them."""
+    x = (np.arange(np.prod(shape)) * 7 % 11 - 5).astype(np.float64).reshape(shape)
+    source = hd.explain(fn, x).backward_source
+    code = "\n".join(line for line in source.splitlines() if not line.strip().startswith("#"))
+    assert not re.search(r"\b(min|max)\(|\bif |& 1|# phase", code), source
+    _matches_scatter_reference(fn, x)
+    hd.check_grad(fn, x)
+
+
+@pytest.mark.parametrize("box, extents", [
+    ({"a": (1, 6), "b": (2, 9)}, {"a": 8, "b": 12}),  # few edge values: one region each
+    ({"a": (3, 4), "b": (0, 5), "c": (2, 3)}, {"a": 8, "b": 6, "c": 7}),  # many: one per side
+    ({"a": (0, 4)}, {"a": 5}),  # no margin: nothing outside
+])
+def test_regions_tile_the_points_outside_the_box(box, extents):
+    from halide_ad.ir import Var
+    from halide_ad.runtime.schedule import _regions
+    box = {Var(v): b for v, b in box.items()}
+    extents = {Var(v): n for v, n in extents.items()}
+    count = np.zeros(tuple(extents.values()), dtype=int)
+    for region in _regions(box, extents):
+        count[tuple(slice(lo, hi + 1) for lo, hi in region.values())] += 1
+    inside = tuple(slice(lo, hi + 1) for lo, hi in box.values())
+    assert (count[inside] == 0).all()
+    count[inside] = 1
+    assert (count == 1).all()
