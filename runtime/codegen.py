@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Reduce, Select, Var,
                           INDEX_DTYPE, adjoint_name, argindex_name, dtype_of, is_float)
 from halide_ad.show import show, show_func
+from halide_ad.solver.affine import Affine
 from halide_ad.solver.bounds import checked_at_run_time, interval, is_data_dependent
 from halide_ad.runtime.schedule import interior
 from halide_ad.runtime.writer import Writer
@@ -352,13 +353,16 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
         w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
         split = interior(plan.new_vars, adj.shape, gathers)
 
-        def body(gs, at=None, adj=adj, name=name, plan=plan):
-            """acc = the gathers `gs`, stored at j, or at `at[j]` for phased dimensions."""
+        def body(gs, at=None, terms=(), adj=adj, name=name, plan=plan):
+            """acc = the gathers `gs` (and the `terms`, as text), stored at j, or at `at[j]` for
+            phased dimensions."""
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
             zero = em.const(0, adj.dtype)
             w.line(f"acc = {em.index('ct_' + adj.buffer, index, name) if adj.seeded else zero}")
             for g in gs:
                 _emit_gather(w, em, g)
+            for term in terms:
+                w.line(f"acc += {term}")
             w.line(f"{em.index(name, index, name)} = acc")
 
         _split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers, name)
@@ -443,9 +447,59 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
                                                         Const(p, INDEX_DTYPE))})
         w.depth -= 1
 
-    box_loops(first, (), {})
+    i, j = len(vars_) - 2, len(vars_) - 1
+    if split.separable is not None and first <= i and par not in (i, j) and \
+            _separable_rows(split, vars_, shape) * shape[j] <= MAX_SEPARABLE_TEMP:
+        for d in range(first, i):
+            lo, hi = box.get(vars_[d], (0, shape[d] - 1))
+            _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par)
+        _emit_separable(w, em, split, vars_, shape, body)
+    else:
+        box_loops(first, (), {})
     em.hoisted.clear()
     w.depth = depth
+
+
+MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's temporary: L2-sized
+
+
+def _separable_rows(split, vars_, shape) -> int:
+    """The source rows that the box's window reads."""
+    sep, i = split.separable, vars_[-2]
+    lo, hi = split.box.get(i, (0, shape[-2] - 1))
+    rows = [r for r, _ in sep.rows]
+    return sep.row_stride * (hi - lo) + max(rows) - min(rows) + 1
+
+
+def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
+    """The box's last two dimensions (i, j) as two passes of the Separable window: each source
+    row it reads, filtered along j into a temporary, then the temporary's rows summed along i."""
+    sep = split.separable
+    (i, j), dtype = vars_[-2:], sep.src.dtype
+    (lo_i, hi_i), (lo_j, hi_j) = (split.box.get(v, (0, n - 1)) for v, n in zip((i, j), shape[-2:], strict=True))
+    first_row = min(r for r, _ in sep.rows)
+    rows, tmp, k = _separable_rows(split, vars_, shape), w.temp("window"), Var("row")
+
+    def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
+        return Affine.of(coeffs, c).to_expr()
+
+    column = em.expr(affine({j: 1}, -lo_j))
+    w.line(f"# separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first")
+    w.line(f"{tmp} = np.empty(({rows}, {hi_j - lo_j + 1}), np.{dtype})")
+    _open_loop(w, em.name(k), f"0, {rows}", False)
+    _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
+    w.line(f"acc = {em.const(0, dtype)}")
+    row = affine({k: 1}, sep.row_stride * lo_i + first_row)
+    for c, weight in sep.cols:
+        load = replace(sep.src, index=sep.lead + (row, affine({j: sep.col_stride}, c)))
+        w.line(f"acc += {em.expr(load)} * {em.const(weight, dtype)}")
+    w.line(f"{tmp}[{em.name(k)}, {column}] = acc")
+    w.depth -= 2
+    _open_loop(w, em.name(i), f"{lo_i}, {hi_i + 1}", False)
+    _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
+    body([], terms=[f"{tmp}[{em.expr(affine({i: sep.row_stride}, r - first_row - sep.row_stride * lo_i))}, "
+                    f"{column}] * {em.const(weight, dtype)}" for r, weight in sep.rows])
+    w.depth -= 2
 
 
 def _box_ranges(vars_, shape, split) -> dict[Var, tuple[int, int]]:

@@ -294,22 +294,23 @@ def _view(array, index, env, ranges, letters):
     return array[tuple(slices) + (Ellipsis,)], subs  # with `...`, a 0-d result is a view, not a copy
 
 
-def _factors(value: Expr) -> tuple[list[Load], float] | None:
+def factors(value: Expr) -> tuple[list[Load], float] | None:
+    """`value` as a product of loads and a constant scale, or None where it is not one."""
     match value:
         case Load():
             return [value], 1.0
         case Const(v, dtype) if is_float(dtype) or isinstance(v, int):
             return [], float(v)
         case Call("neg", (x,)):
-            f = _factors(x)
+            f = factors(x)
             return None if f is None else (f[0], -f[1])
         case Bin(Op.MUL, x, y):
-            fx, fy = _factors(x), _factors(y)
+            fx, fy = factors(x), factors(y)
             if fx is None or fy is None:
                 return None
             return fx[0] + fy[0], fx[1] * fy[1]
         case Bin(Op.DIV, x, Const(v)) if v:
-            f = _factors(x)
+            f = factors(x)
             return None if f is None else (f[0], f[1] / v)
     return None
 
@@ -318,7 +319,7 @@ def contraction(out: str, out_index: tuple[Expr, ...], value: Expr, domain: tupl
                 where: Expr | None, shapes: dict[str, tuple[int, ...]]) -> Contraction | None:
     """`out[out_index] += value` over `domain` as BLAS calls, or None if it is not a contraction
     (or too small to gain from one)."""
-    f = _factors(value)
+    f = factors(value)
     if where is not None or f is None or len(f[0]) != 2 or not all(is_float(x.dtype) for x in f[0]):
         return None
     (a, b), scale = f

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from halide_ad.ir import (COMPARISONS, INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Range, Select, Var, const, dtype_of,
                           is_float)
+from halide_ad.runtime.contract import factors
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.solver.affine import Affine, linear_form
 from halide_ad.solver.bounds import interval, is_data_dependent
@@ -47,6 +48,21 @@ class Split:
     phase_vars: tuple[Var, ...] = ()
     phases: dict[tuple[int, ...], list[Gather]] = field(default_factory=dict)
     outside: tuple[tuple[Box, list[Gather]], ...] = ()  # regions around the box, each specialized
+    separable: Separable | None = None  # `inside` as two passes, where its window allows
+
+
+@dataclass(frozen=True)
+class Separable:
+    """Gathers that are one weighted window over the last two dimensions (i, j) whose weights
+    are an outer product: out[..., i, j] += sum_r rows[r] * sum_c cols[c] * src[lead..., a*i + r,
+    b*j + c] (a bilinear or box filter's gradient). Run as two passes, columns of each source row
+    first, into a temporary, a point costs len(rows) + len(cols) multiply-adds, not their product."""
+    src: Load  # one of the window's loads (its buffer, leading index and location)
+    lead: tuple[Expr, ...]
+    row_stride: int
+    col_stride: int
+    rows: tuple[tuple[int, float], ...]
+    cols: tuple[tuple[int, float], ...]
 
 
 def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Gather]) -> Split | None:
@@ -71,8 +87,44 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     if not split.phased and all(m == (0, 0) for m in margins.values()):
         return None  # no boundary and no stride: nothing to split
     # windows are written out last: every piece of the phases costs z3 a query
-    return replace(split, inside=[_unroll(_substitute_gather(g, {})) for g in split.inside],
-                   outside=_outside(split.box, extents, gathers))
+    inside = [_unroll(_substitute_gather(g, {})) for g in split.inside]
+    return replace(split, inside=inside, outside=_outside(split.box, extents, gathers),
+                   separable=None if split.phased or len(new_vars) < 2 else _separable(inside, *new_vars[-2:]))
+
+
+def _separable(gathers: list[Gather], i: Var, j: Var) -> Separable | None:
+    """The gathers as a Separable window over (i, j), or None: every term a constant times one
+    load of the same buffer at (lead..., a*i + r, b*j + c), and the weights of rank one."""
+    weights: dict[tuple[int, int], float] = {}
+    src, strides = None, None
+    for g in gathers:
+        for p in g.pieces:
+            f = factors(p.value)
+            if p.loops or any(p.guards) or f is None or len(f[0]) != 1:
+                return None
+            (load,), scale = f
+            forms = [linear_form(e) for e in load.index[-2:]]
+            if (len(load.index) < 2 or None in forms or set(forms[0][0]) != {i} or set(forms[1][0]) != {j}
+                    or any(v in (i, j) for e in load.index[:-2] for v in _vars(e))):
+                return None
+            if src is None:
+                src, strides = load, (forms[0][0][i], forms[1][0][j])
+            if (load.buffer, load.index[:-2]) != (src.buffer, src.index[:-2]) or \
+                    (forms[0][0][i], forms[1][0][j]) != strides or min(strides) < 1:
+                return None
+            at = (forms[0][1], forms[1][1])
+            weights[at] = weights.get(at, 0.0) + scale
+    if src is None:
+        return None
+    r0, c0 = max(weights, key=lambda k: abs(weights[k]))
+    rows = {r: weights.get((r, c0), 0.0) for r, _ in weights}
+    cols = {c: weights.get((r0, c), 0.0) / weights[r0, c0] for _, c in weights}
+    big = abs(weights[r0, c0])
+    if (len(rows) - 1) * (len(cols) - 1) <= 1 or any(
+            abs(weights.get((r, c), 0.0) - u * v) > 1e-12 * big for r, u in rows.items() for c, v in cols.items()):
+        return None  # no fewer terms in two passes, or not of rank one
+    return Separable(src, src.index[:-2], strides[0], strides[1], tuple(sorted(rows.items())),
+                     tuple(sorted(cols.items())))
 
 
 MAX_REGIONS = 8  # each region around the box is a copy of the loop body
