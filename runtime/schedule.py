@@ -97,34 +97,53 @@ def _separable(gathers: list[Gather], i: Var, j: Var) -> Separable | None:
     load of the same buffer at (lead..., a*i + r, b*j + c), and the weights of rank one."""
     weights: dict[tuple[int, int], float] = {}
     src, strides = None, None
-    for g in gathers:
-        for p in g.pieces:
-            f = factors(p.value)
-            if p.loops or any(p.guards) or f is None or len(f[0]) != 1:
-                return None
-            (load,), scale = f
-            forms = [linear_form(e) for e in load.index[-2:]]
-            if (len(load.index) < 2 or None in forms or set(forms[0][0]) != {i} or set(forms[1][0]) != {j}
-                    or any(v in (i, j) for e in load.index[:-2] for v in _vars(e))):
-                return None
-            if src is None:
-                src, strides = load, (forms[0][0][i], forms[1][0][j])
-            if (load.buffer, load.index[:-2]) != (src.buffer, src.index[:-2]) or \
-                    (forms[0][0][i], forms[1][0][j]) != strides or min(strides) < 1:
-                return None
-            at = (forms[0][1], forms[1][1])
-            weights[at] = weights.get(at, 0.0) + scale
+    terms = [_window_terms(p) for g in gathers for p in g.pieces]
+    if None in terms or sum(map(len, terms)) > MAX_SEPARABLE_TERMS:
+        return None
+    for value in itertools.chain.from_iterable(terms):
+        f = factors(value)
+        if f is None or len(f[0]) != 1:
+            return None
+        (load,), scale = f
+        forms = [linear_form(e) for e in load.index[-2:]]
+        if (len(load.index) < 2 or None in forms or set(forms[0][0]) != {i} or set(forms[1][0]) != {j}
+                or any(v in (i, j) for e in load.index[:-2] for v in _vars(e))):
+            return None
+        if src is None:
+            src, strides = load, (forms[0][0][i], forms[1][0][j])
+        if (load.buffer, load.index[:-2]) != (src.buffer, src.index[:-2]) or \
+                (forms[0][0][i], forms[1][0][j]) != strides or min(strides) < 1:
+            return None
+        at = (forms[0][1], forms[1][1])
+        weights[at] = weights.get(at, 0.0) + scale
     if src is None:
         return None
     r0, c0 = max(weights, key=lambda k: abs(weights[k]))
     rows = {r: weights.get((r, c0), 0.0) for r, _ in weights}
     cols = {c: weights.get((r0, c), 0.0) / weights[r0, c0] for _, c in weights}
     big = abs(weights[r0, c0])
-    if (len(rows) - 1) * (len(cols) - 1) <= 1 or any(
+    if len(rows) * len(cols) < 2 * (len(rows) + len(cols)) or any(
             abs(weights.get((r, c), 0.0) - u * v) > 1e-12 * big for r, u in rows.items() for c, v in cols.items()):
-        return None  # no fewer terms in two passes, or not of rank one
+        return None  # too few terms saved to pay for the temporary's traffic (a 3x3 box), or not of rank one
     return Separable(src, src.index[:-2], strides[0], strides[1], tuple(sorted(rows.items())),
                      tuple(sorted(cols.items())))
+
+
+MAX_SEPARABLE_TERMS = 256
+
+
+def _window_terms(p: GatherPiece) -> list[Expr] | None:
+    """The piece's value at each point of its window loops, or None where it has guards or a
+    loop bound that is not a constant."""
+    if any(p.guards):
+        return None
+    points: list[dict[Var, Expr]] = [{}]
+    for loop in p.loops:
+        lo, hi = linear_form(loop.lo), linear_form(loop.hi)
+        if lo is None or hi is None or lo[0] or hi[0] or len(points) * (hi[1] - lo[1]) > MAX_SEPARABLE_TERMS:
+            return None
+        points = [env | {loop.var: const(t, INDEX_DTYPE)} for env in points for t in range(lo[1], hi[1])]
+    return [simplify(_divide(substitute(p.value, env))) if env else p.value for env in points]
 
 
 MAX_REGIONS = 8  # each region around the box is a copy of the loop body
