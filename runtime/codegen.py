@@ -377,8 +377,9 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
-    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. Each
-    body is emitted once per region and once per phase."""
+    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
+    regions beside the box in its last dimension only run inside the box's loop, next to each
+    row's interior. Each body is emitted once per region and once per phase."""
     par = _parallel_dim(shape)
     box = {} if split is None else {v: b for v, b in split.box.items()
                                     if b != (0, shape[vars_.index(v)] - 1) or v in split.phased}
@@ -388,26 +389,37 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         _full_loops(w, em, vars_, shape, range(len(vars_)), par, lambda: body(gathers))
         w.depth = depth
         return
-    first = dims[0]
+    first, last = dims[0], dims[-1]
     _full_loops(w, em, vars_, shape, range(first), par, lambda: None)
     level = w.depth
+    i, j = len(vars_) - 2, len(vars_) - 1
+    separable = split.separable is not None and first <= i and par not in (i, j) and \
+        _separable_rows(split, vars_, shape) * shape[j] <= MAX_SEPARABLE_TEMP
+    # regions beside the box in its last dimension only (a plane's edge columns) run inside the
+    # box's loop over the dimension before it, while that row is in cache
+    columns = [] if separable else [c for c in split.outside if c[0][vars_[last]] != box[vars_[last]]
+                                    and all(c[0][vars_[d]] == box[vars_[d]] for d in dims[:-1])]
 
-    # the points outside the box: each region runs its own specialized gathers, each point read
-    # once; a thin region (a row of one image) runs serially, in one function with its neighbours
-    for region, gs in split.outside:
-        ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-        parallel = math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= _parallel_min_points()
-        for d in range(first, len(vars_)):
-            lo, hi = ranges[vars_[d]]
-            _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par and parallel)
-        _hoist_loads(w, em, gs, ranges, written)
-        body(gs)
-        em.hoisted.clear()
-        w.depth = level
+    def regions(chosen, parallel_ok: bool) -> None:
+        """Each region's loop nest, from its first box dimension in, running its own specialized
+        gathers with each point read once; a thin one (a row of one image) runs serially."""
+        start, depth_ = (first if parallel_ok else last), w.depth
+        for region, gs in chosen:
+            ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+            parallel = parallel_ok and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= _parallel_min_points()
+            for d in range(start, len(vars_)):
+                lo, hi = ranges[vars_[d]]
+                _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par and parallel)
+            _hoist_loads(w, em, gs, ranges, written)
+            body(gs)
+            em.hoisted.clear()
+            w.depth = depth_
+
+    # the points outside the box, but for the columns
+    regions([r for r in split.outside if not any(r is c for c in columns)], True)
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box, where the last box dimension runs the
         # spans below and above it if the outer ones are inside it, else its whole extent
-        last = dims[-1]
         _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
         n, (lo, hi) = shape[last], box[vars_[last]]
         around = f"((0, {lo}), ({hi + 1}, {n}))"
@@ -424,6 +436,26 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
 
     def box_loops(d: int, combo: tuple[int, ...], at: dict) -> None:
+        if d == last and columns:
+            # a phased row is j = s*q + p: the columns' gathers read it under a name of its own
+            aliases = {}
+            for v, e in at.items():
+                alias = em.name(Var(f"{v.name}_{e.rhs.value}"))
+                w.line(f"{alias} = {em.expr(e)}")
+                aliases[v] = alias
+            side(aliases, [c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]])
+            dim_loop(d, combo, at)
+            side(aliases, [c for c in columns if c[0][vars_[d]][0] > box[vars_[d]][1]])
+        else:
+            dim_loop(d, combo, at)
+
+    def side(aliases: dict[Var, str], chosen) -> None:
+        saved = {v: em.names[v] for v in aliases}
+        em.names.update(aliases)
+        regions(chosen, False)
+        em.names.update(saved)
+
+    def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> None:
         if d == len(vars_):
             body(split.phases[combo], at) if split.phased else body(split.inside)
             return
@@ -447,9 +479,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
                                                         Const(p, INDEX_DTYPE))})
         w.depth -= 1
 
-    i, j = len(vars_) - 2, len(vars_) - 1
-    if split.separable is not None and first <= i and par not in (i, j) and \
-            _separable_rows(split, vars_, shape) * shape[j] <= MAX_SEPARABLE_TEMP:
+    if separable:
         for d in range(first, i):
             lo, hi = box.get(vars_[d], (0, shape[d] - 1))
             _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par)

@@ -157,3 +157,24 @@ def test_separable_windows_run_in_two_passes(fn, shape, dtype, separable):
     _matches_scatter_reference(fn, x)
     if dtype == np.float64:
         hd.check_grad(fn, x)
+
+
+@pytest.mark.parametrize("fn, shape, row", [(blur_edge, (9, 11), "1, 8"), (avgpool3s2, (9, 13), None)])
+def test_edge_columns_run_inside_the_row_loop(fn, shape, row):
+    """The regions beside the box in its last dimension run in the box's row loop, each row's
+    edge columns next to its interior (for a phased row, once per phase), not in a pass of their
+    own over the rows."""
+    x = (np.arange(np.prod(shape)) * 7 % 11 - 5).astype(np.float64).reshape(shape)
+    source = hd.explain(fn, x).backward_source
+    lines = source.splitlines()
+    header = next(k for k, line in enumerate(lines) if re.search(
+        rf"for \w+ in p?range\({row}\):" if row else r"for \w+_q in p?range\(", line))
+    indent = len(lines[header]) - len(lines[header].lstrip())
+    body = []
+    for line in lines[header + 1:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        body.append(line)
+    width = shape[1]
+    assert re.search(r"range\(0, \d\):", "\n".join(body)) and f", {width})" in "\n".join(body), source
+    _matches_scatter_reference(fn, x)
