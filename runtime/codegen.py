@@ -397,16 +397,20 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         _separable_rows(split, vars_, shape) * shape[j] <= MAX_SEPARABLE_TEMP
     # regions beside the box in its last dimension only (a plane's edge columns) run inside the
     # box's loop over the dimension before it, while that row is in cache
-    columns = [] if separable else [c for c in split.outside if c[0][vars_[last]] != box[vars_[last]]
-                                    and all(c[0][vars_[d]] == box[vars_[d]] for d in dims[:-1])]
+    def is_column(region) -> bool:
+        return not separable and region[vars_[last]] != box[vars_[last]] and all(
+            region[vars_[d]] == box[vars_[d]] for d in dims[:-1])
 
-    def regions(chosen, parallel_ok: bool) -> None:
-        """Each region's loop nest, from its first box dimension in, running its own specialized
-        gathers with each point read once; a thin one (a row of one image) runs serially."""
-        start, depth_ = (first if parallel_ok else last), w.depth
+    columns = [c for c in split.outside if is_column(c[0])]
+
+    def regions(chosen, in_box_loop: bool) -> None:
+        """Each region's loop nest, from the first box dimension in (from the last, inside the box's
+        loop over the one before it), running its own specialized gathers with each point read
+        once; a thin one (a row of one image), or one inside the box's loop, runs serially."""
+        start, depth_ = (last if in_box_loop else first), w.depth
         for region, gs in chosen:
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-            parallel = parallel_ok and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= _parallel_min_points()
+            parallel = not in_box_loop and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= _parallel_min_points()
             for d in range(start, len(vars_)):
                 lo, hi = ranges[vars_[d]]
                 _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par and parallel)
@@ -416,7 +420,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
             w.depth = depth_
 
     # the points outside the box, but for the columns
-    regions([r for r in split.outside if not any(r is c for c in columns)], True)
+    regions([r for r in split.outside if not is_column(r[0])], False)
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box, where the last box dimension runs the
         # spans below and above it if the outer ones are inside it, else its whole extent
@@ -452,7 +456,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     def side(aliases: dict[Var, str], chosen) -> None:
         saved = {v: em.names[v] for v in aliases}
         em.names.update(aliases)
-        regions(chosen, False)
+        regions(chosen, True)
         em.names.update(saved)
 
     def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> None:
@@ -521,7 +525,7 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     w.line(f"acc = {em.const(0, dtype)}")
     row = affine({k: 1}, sep.row_stride * lo_i + first_row)
     for c, weight in sep.cols:
-        load = replace(sep.src, index=sep.lead + (row, affine({j: sep.col_stride}, c)))
+        load = replace(sep.src, index=sep.src.index[:-2] + (row, affine({j: sep.col_stride}, c)))
         w.line(f"acc += {em.expr(load)} * {em.const(weight, dtype)}")
     w.line(f"{tmp}[{em.name(k)}, {column}] = acc")
     w.depth -= 2

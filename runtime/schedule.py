@@ -57,8 +57,7 @@ class Separable:
     are an outer product: out[..., i, j] += sum_r rows[r] * sum_c cols[c] * src[lead..., a*i + r,
     b*j + c] (a bilinear or box filter's gradient). Run as two passes, columns of each source row
     first, into a temporary, a point costs len(rows) + len(cols) multiply-adds, not their product."""
-    src: Load  # one of the window's loads (its buffer, leading index and location)
-    lead: tuple[Expr, ...]
+    src: Load  # one of the window's loads: its buffer, leading index (lead...) and location
     row_stride: int
     col_stride: int
     rows: tuple[tuple[int, float], ...]
@@ -97,11 +96,11 @@ def _separable(gathers: list[Gather], i: Var, j: Var) -> Separable | None:
     load of the same buffer at (lead..., a*i + r, b*j + c), and the weights of rank one."""
     weights: dict[tuple[int, int], float] = {}
     src, strides = None, None
-    terms = [_window_terms(p) for g in gathers for p in g.pieces]
-    if None in terms or sum(map(len, terms)) > MAX_SEPARABLE_TERMS:
+    pieces = [p for g in gathers for p in _unroll(g, MAX_SEPARABLE_TERMS).pieces]
+    if len(pieces) > MAX_SEPARABLE_TERMS or any(p.loops or any(p.guards) for p in pieces):
         return None
-    for value in itertools.chain.from_iterable(terms):
-        f = factors(value)
+    for p in pieces:
+        f = factors(p.value)
         if f is None or len(f[0]) != 1:
             return None
         (load,), scale = f
@@ -125,25 +124,10 @@ def _separable(gathers: list[Gather], i: Var, j: Var) -> Separable | None:
     if len(rows) * len(cols) < 2 * (len(rows) + len(cols)) or any(
             abs(weights.get((r, c), 0.0) - u * v) > 1e-12 * big for r, u in rows.items() for c, v in cols.items()):
         return None  # too few terms saved to pay for the temporary's traffic (a 3x3 box), or not of rank one
-    return Separable(src, src.index[:-2], strides[0], strides[1], tuple(sorted(rows.items())),
-                     tuple(sorted(cols.items())))
+    return Separable(src, strides[0], strides[1], tuple(sorted(rows.items())), tuple(sorted(cols.items())))
 
 
-MAX_SEPARABLE_TERMS = 256
-
-
-def _window_terms(p: GatherPiece) -> list[Expr] | None:
-    """The piece's value at each point of its window loops, or None where it has guards or a
-    loop bound that is not a constant."""
-    if any(p.guards):
-        return None
-    points: list[dict[Var, Expr]] = [{}]
-    for loop in p.loops:
-        lo, hi = linear_form(loop.lo), linear_form(loop.hi)
-        if lo is None or hi is None or lo[0] or hi[0] or len(points) * (hi[1] - lo[1]) > MAX_SEPARABLE_TERMS:
-            return None
-        points = [env | {loop.var: const(t, INDEX_DTYPE)} for env in points for t in range(lo[1], hi[1])]
-    return [simplify(_divide(substitute(p.value, env))) if env else p.value for env in points]
+MAX_SEPARABLE_TERMS = 256  # terms of a window, its loops written out, that _separable looks at
 
 
 MAX_REGIONS = 8  # each region around the box is a copy of the loop body
@@ -215,13 +199,13 @@ def _phases(split: Split, new_vars: tuple[Var, ...]) -> Split:
 MAX_UNROLLED = 9  # straight-line terms one window may become
 
 
-def _unroll(g: Gather) -> Gather:
+def _unroll(g: Gather, budget: int = MAX_UNROLLED) -> Gather:
     """`g` with each window loop of a constant trip count written out as straight-line terms
     (a phase of a 3x3/2 pool reads 1, 2 or 4 neighbours): their loads then depend on q alone,
     so the phases of one iteration share them."""
     pieces: list[GatherPiece] = []
     for p in g.pieces:
-        pieces += _unrolled(p, MAX_UNROLLED)
+        pieces += _unrolled(p, budget)
     if len(pieces) == len(g.pieces) and all(a is b for a, b in zip(pieces, g.pieces)):
         return g  # nothing written out
     # a written-out tap is a constant in a parity test, (4*q + 1) % 2: fold it
