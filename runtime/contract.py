@@ -4,9 +4,10 @@ A reduction of a product of two tensors whose indices are plain variables, `y[i,
 x[i, k] * w[k, j]`, or a convolution's adjoint, `adj_x[n, c, i + r, j + s] += adj_y[n, k, i, j] *
 w[k, c, r, s]`, is a matrix product: BLAS computes it far faster than any loop nest we generate.
 Window variables that are added to another variable (r, s above) are taps: an operand read at
-an offset is stacked once per tap (im2col), an output written at an offset gets one window per
-tap added (col2im). `_matmul` lays each product out as BLAS calls on views, batched over the
-image index, so that neither the operands nor the products are copied again.
+an offset is stacked once per tap of its last offset axis (s: a third of im2col's copy), and the
+other taps (r) loop around BLAS calls on views of that copy; an output written at an offset
+gets one window per tap added (col2im). `_matmul` lays each product out as BLAS calls on views,
+batched over the image index, so that neither the operands nor the products are copied again.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class Contraction:
     def accumulate(self, buffers: dict[str, np.ndarray], *, assign: bool = False) -> None:
         """out += the contraction, or with `assign`, out = it (zero where it does not write).
 
-        One BLAS product over all taps (`_matmul`). Taps that shift the output window (as in a
+        BLAS products over all taps (`_matmul`). Taps that shift the output window (as in a
         convolution's input gradient) move onto the operand that carries the window
         (`_correlation`); where they cannot, their products are added window by window."""
         shapes = dict(self.shapes)
@@ -55,41 +56,60 @@ class Contraction:
         ranges = {r.var: r for r in self.domain}
         letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
         shifting = {v for e in self.out_index for v in _offset_vars(_terms(e))}
-        loop_taps = [t for t in self.taps if t.var in shifting]
-        parts = self._correlation(loop_taps, arrays, ranges, letters)
-        if parts is None and not loop_taps:
-            parts = [(self._operand(arrays[self.a.buffer], self.a.index, ranges, letters),
-                      self._operand(arrays[self.b.buffer], self.b.index, ranges, letters),
-                      _view(arrays[self.out], self.out_index, {}, ranges, letters))]
-        if parts is not None:  # disjoint windows: each is written once
-            overwrite = assign and sum(window.size for _, _, (window, _) in parts) == arrays[self.out].size
+        shifting_taps = [t for t in self.taps if t.var in shifting]
+        windows = self._correlation(shifting_taps, arrays, ranges, letters)
+        if windows is None and not shifting_taps:
+            windows = self._products(arrays, ranges, letters)
+        if windows is not None:  # disjoint windows: each is written once, with the sum of its products
+            overwrite = assign and sum(window.size for window, _, _ in windows) == arrays[self.out].size
             if assign and not overwrite:
                 arrays[self.out].fill(0)
-            for (va, sa), (vb, sb), (window, so) in parts:
-                _write(window, _matmul(va, sa, vb, sb, so), self.scale, overwrite)
+            for window, so, products in windows:
+                for k, ((va, sa), (vb, sb)) in enumerate(products):
+                    _write(window, _matmul(va, sa, vb, sb, so), self.scale, overwrite and k == 0)
             return
         if assign:
             arrays[self.out].fill(0)
-        va, sa = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters)
-        vb, sb = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters)
-        so = _view(arrays[self.out], self.out_index, {t.var: t.lo for t in loop_taps}, ranges, letters)[1]
-        lead = "".join(letters[t.var] for t in loop_taps)
+        va, sa = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, ())({})
+        vb, sb = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, ())({})
+        so = _view(arrays[self.out], self.out_index, {t.var: t.lo for t in shifting_taps}, ranges, letters)[1]
+        lead = "".join(letters[t.var] for t in shifting_taps)
         full = _matmul(va, sa, vb, sb, lead + so)
-        for values in itertools.product(*(range(t.lo, t.hi) for t in loop_taps)):
-            env = dict(zip((t.var for t in loop_taps), values, strict=True))
+        for values in itertools.product(*(range(t.lo, t.hi) for t in shifting_taps)):
+            env = dict(zip((t.var for t in shifting_taps), values, strict=True))
             vo = _view(arrays[self.out], self.out_index, env, ranges, letters)[0]
-            _write(vo, full[tuple(v - t.lo for v, t in zip(values, loop_taps, strict=True))], self.scale, False)
+            _write(vo, full[tuple(v - t.lo for v, t in zip(values, shifting_taps, strict=True))], self.scale, False)
 
-    def _correlation(self, loop_taps, arrays, ranges, letters):
+    def _products(self, arrays, ranges, letters):
+        """The output's windows, each with the operand pairs whose products sum into it: one pair
+        per value of the row taps (`_row_taps`), which stay loops around BLAS instead of going
+        into the stacked copy."""
+        rows = _row_taps(self.taps, (self.a.index, self.b.index))
+        operand_a = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, rows)
+        operand_b = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, rows)
+        written = _used(self.out_index)
+        windows: dict[tuple, tuple] = {}
+        for values in itertools.product(*(range(t.lo, t.hi) for t in rows)):
+            env = dict(zip((t.var for t in rows), values, strict=True))
+            key = tuple(v for t, v in zip(rows, values, strict=True) if t.var in written)
+            if key not in windows:
+                windows[key] = (*_view(arrays[self.out], self.out_index, env, ranges, letters), [])
+            windows[key][2].append((operand_a(env), operand_b(env)))
+        return list(windows.values())
+
+    def _correlation(self, shifting_taps, arrays, ranges, letters):
         """`out[s*i + r] += a[i] * b[r]` as correlations, `out[s*u + f] += sum_m a_padded[u - m] *
         b[s*m + f]`, one per phase f of the stride s: the operand that carries the output's
-        window is zero-padded and stacked once per tap, so that one product per phase, with the
-        taps summed inside BLAS, writes that phase of the output, and no window sums follow (a
-        convolution's input gradient). Per phase: the operands and the output's window, each with
-        its subscripts; None where the indices are not of that form."""
-        if not loop_taps:
+        window is zero-padded and stacked once per tap, so that the products of a phase, with the
+        taps summed inside BLAS, write that phase of the output, and no window sums follow (a
+        convolution's input gradient). Of the carrier's shifted axes, the last is its lane, whose
+        taps are stacked; taps of stride 1 on the others are row taps: one product per tap, on a
+        view of the one stacked copy, instead of more copies.
+        Per phase: the output's window, its subscripts and its operand pairs; None where the
+        indices are not of that form."""
+        if not shifting_taps:
             return None
-        taps = {t.var: t for t in loop_taps}
+        taps = {t.var: t for t in shifting_taps}
         shifted = {}  # tap -> (the variable whose output axis it shifts, that variable's stride)
         for e in self.out_index:
             t = _terms(e)
@@ -114,42 +134,109 @@ class Contraction:
         axis = {v: letters[m] for v, (m, _) in shifted.items()}  # the carrier's axis each tap shifts
         stride = {v: s for v, (_, s) in shifted.items()}
         view, subs = _view(arrays[carrier.buffer], carrier.index, {}, ranges, letters)
+        lane = max((axis[t.var] for t in shifting_taps), key=subs.index)  # stacked; the other axes' taps loop
+        rows = [t for t in shifting_taps if stride[t.var] == 1 and axis[t.var] != lane]
+        lanes = [t for t in shifting_taps if t not in rows]
         pad = {axis[v]: -(-t.extent // stride[v]) - 1 for v, t in taps.items()}  # most taps of a phase, less 1
         padded = pool.empty(tuple(n + 2 * pad.get(c, 0) for c, n in zip(subs, view.shape)), view.dtype)
         padded.fill(0)
         padded[tuple(slice(pad.get(c, 0), pad.get(c, 0) + n) for c, n in zip(subs, view.shape))] = view
+        extent = dict(zip(subs, view.shape))
         other_view, other_subs = _view(arrays[other.buffer], other.index, {}, ranges, letters)
-        parts = []
-        for phase in itertools.product(*(range(min(stride[t.var], t.extent)) for t in loop_taps)):
-            first = {t.var: f for t, f in zip(loop_taps, phase, strict=True)}
+        windows = []
+        for phase in itertools.product(*(range(min(stride[t.var], t.extent)) for t in lanes)):
+            first = {t.var: f for t, f in zip(lanes, phase, strict=True)} | {t.var: 0 for t in rows}
             count = {v: -(-(taps[v].extent - f) // stride[v]) for v, f in first.items()}  # taps s*m + f
-            windows = []
-            for ms in itertools.product(*(range(count[t.var]) for t in loop_taps)):  # tap s*m + f reads a[u - m]
-                start = {axis[t.var]: (pad[axis[t.var]] - m, count[t.var]) for t, m in zip(loop_taps, ms, strict=True)}
-                windows.append(padded[tuple(slice(start[c][0], start[c][0] + n + start[c][1] - 1) if c in start
-                                            else slice(None) for c, n in zip(subs, view.shape))])
-            stacked = _stacked(windows, subs, "".join(letters[t.var] for t in loop_taps),
-                               [count[t.var] for t in loop_taps])
-            of_phase = {letters[v]: slice(f, f + stride[v] * (count[v] - 1) + 1, stride[v]) for v, f in first.items()}
-            weights = (other_view[tuple(of_phase.get(c, slice(None)) for c in other_subs)], other_subs)
-            wide = ranges | {m: Range(m, ranges[m].lo, ranges[m].hi + count[v] - 1) for v, (m, _) in shifted.items()}
-            window = _view(arrays[self.out], self.out_index, {v: taps[v].lo + f for v, f in first.items()}, wide,
-                           letters)
-            parts.append((stacked, weights, window) if carrier is self.a else (weights, stacked, window))
-        return parts
 
-    def _operand(self, array, index, ranges, letters):
-        """The operand's view; taps it reads at an offset (x[n, c, i + r]) become axes of a
-        stacked copy (im2col) right after its first axis (x_stacked[n, r, c, i]), so that all
-        taps go into BLAS calls batched over that axis (see `_matmul`)."""
-        stacked = [t for t in self.taps if any(t.var in _offset_vars(_terms(e)) for e in index)]
-        if not stacked:
-            return _view(array, index, {}, ranges, letters)
+            def window(m: int, v: Var) -> slice:  # tap s*m + f reads a[u - m]
+                start = pad[axis[v]] - m
+                return slice(start, start + extent[axis[v]] + count[v] - 1)
+
+            copies = []
+            for ms in itertools.product(*(range(count[t.var]) for t in lanes)):
+                at = {axis[t.var]: window(m, t.var) for t, m in zip(lanes, ms, strict=True)}
+                copies.append(padded[tuple(at.get(c, slice(None)) for c in subs)])
+            stacked, stacked_subs = _stacked(copies, subs, "".join(letters[t.var] for t in lanes),
+                                             [count[t.var] for t in lanes])
+            of_phase = {letters[t.var]: slice(first[t.var], first[t.var] + stride[t.var] * (count[t.var] - 1) + 1,
+                                              stride[t.var]) for t in lanes}
+            wide = ranges | {m: Range(m, ranges[m].lo, ranges[m].hi + count[v] - 1) for v, (m, _) in shifted.items()}
+            out_window, out_subs = _view(arrays[self.out], self.out_index, {v: taps[v].lo + f for v, f in first.items()},
+                                         wide, letters)
+            products = []
+            for ms in itertools.product(*(range(t.extent) for t in rows)):
+                carried = _index(stacked, stacked_subs,
+                                 {axis[t.var]: window(m, t.var) for t, m in zip(rows, ms, strict=True)})
+                weights = _index(other_view, other_subs,
+                                 of_phase | {letters[t.var]: m for t, m in zip(rows, ms, strict=True)})
+                products.append((carried, weights) if carrier is self.a else (weights, carried))
+            windows.append((out_window, out_subs, products))
+        return windows
+
+    def _operand(self, array, index, ranges, letters, rows):
+        """The operand's view as a function of the row taps' values. Other taps it reads at an
+        offset (x[n, c, i + r]) become axes of a stacked copy (im2col) right after its first axis
+        (x_stacked[n, r, c, i]), so that they go into BLAS calls batched over that axis (see
+        `_matmul`); the copy spans the row taps' whole windows, and each of their values is a
+        view of it."""
+        offset = {t.var for t in self.taps if any(t.var in _offset_vars(_terms(e)) for e in index)}
+        stacked = [t for t in self.taps if t.var in offset and t not in rows]
+        shifted = [t for t in rows if t.var in offset]
+        if not stacked and not shifted:
+            return lambda env: _view(array, index, env, ranges, letters)
+        mains = {v: _main(index, v) for v in (t.var for t in shifted)}
+        wide = ranges | {mains[t.var]: Range(mains[t.var], ranges[mains[t.var]].lo,
+                                             ranges[mains[t.var]].hi + t.extent - 1) for t in shifted}
+        starts = {t.var: t.lo for t in shifted}
         combos = list(itertools.product(*(range(t.lo, t.hi) for t in stacked)))
-        views = [_view(array, index, dict(zip((t.var for t in stacked), values, strict=True)), ranges, letters)
+        views = [_view(array, index, starts | dict(zip((t.var for t in stacked), values, strict=True)), wide, letters)
                  for values in combos]
-        return _stacked([v for v, _ in views], views[0][1], "".join(letters[t.var] for t in stacked),
-                        [t.extent for t in stacked])
+        data, subs = _stacked([v for v, _ in views], views[0][1], "".join(letters[t.var] for t in stacked),
+                              [t.extent for t in stacked])
+
+        def at(env):
+            window = {letters[mains[t.var]]: slice(env[t.var] - t.lo, env[t.var] - t.lo + ranges[mains[t.var]].extent)
+                      for t in shifted}
+            return _index(data, subs, window)
+        return at
+
+
+def _row_taps(taps: tuple[Range, ...], indices) -> list[Range]:
+    """The taps that BLAS calls loop over rather than stack (see `Contraction._products`). Of the
+    components of an index that read at an offset, the last is its lane: its taps are stacked.
+    Each operand reads a row tap whole, or in one other component `v + tap` of unit stride
+    whose variable v it reads nowhere else. A row tap's values are then windows of the one
+    stacked copy that still merge with the lane into one BLAS dimension."""
+    rows = []
+    for t in taps:
+        for index in indices:
+            forms = [_terms(e) for e in index]
+            at = [k for k, f in enumerate(forms) if f.get(t.var)]
+            if len(at) > 1:
+                break
+            if not at or forms[at[0]] == {t.var: 1, None: 0}:
+                continue
+            f = forms[at[0]]
+            main = [v for v in f if v is not None and v != t.var and f[v]]
+            lane = max(k for k, g in enumerate(forms) if _offset_vars(g))
+            if (at[0] == lane or f[t.var] != 1 or len(main) != 1 or f[main[0]] != 1
+                    or sum(1 for g in forms if g.get(main[0])) > 1):
+                break
+        else:
+            rows.append(t)
+    return rows
+
+
+def _main(index, tap: Var) -> Var:
+    """The variable that `tap` offsets in `index`."""
+    form = next(f for f in map(_terms, index) if f.get(tap))
+    return next(v for v in form if v is not None and v != tap and form[v])
+
+
+def _index(view: np.ndarray, subs: str, at: dict) -> tuple[np.ndarray, str]:
+    """view[at], at mapping subscripts to an int (the axis goes) or a slice, and its subscripts."""
+    return (view[tuple(at.get(c, slice(None)) for c in subs) + (Ellipsis,)],
+            "".join(c for c in subs if not isinstance(at.get(c), int)))
 
 
 def _stacked(windows: list[np.ndarray], subs: str, tap_subs: str, extents: list[int]) -> tuple[np.ndarray, str]:

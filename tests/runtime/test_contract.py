@@ -116,3 +116,84 @@ def test_correlation_with_a_constant_offset(dtype, correlations):
     assert gx.dtype == dtype
     np.testing.assert_allclose(gx, expected, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
     assert True in correlations
+
+
+@pytest.fixture
+def stacked_copies(monkeypatch):
+    """How many windows each stacked copy (im2col) holds."""
+    from halide_ad.runtime import contract
+    sizes = []
+    real = contract._stacked
+
+    def spy(windows, *args):
+        sizes.append(len(windows))
+        return real(windows, *args)
+
+    monkeypatch.setattr(contract, "_stacked", spy)
+    return sizes
+
+
+@hd.func
+def conv_nhwc(x, w):
+    """A 2-D convolution with channels last: the column taps are no longer the last axis."""
+    N, H, W, C = x.shape
+    R, S, _, K = w.shape
+    r, s, c = hd.rdom(R, S, C)
+    return hd.compute((N, H - R + 1, W - S + 1, K), lambda n, i, j, k: hd.sum(x[n, i + r, j + s, c] * w[r, s, c, k]))
+
+
+@hd.func
+def conv3d(x, w):
+    N, C, D, H, W = x.shape
+    K, _, Q, R, S = w.shape
+    c, q, r, s = hd.rdom(C, Q, R, S)
+    return hd.compute((N, K, D - Q + 1, H - R + 1, W - S + 1),
+                      lambda n, k, d, i, j: hd.sum(x[n, c, d + q, i + r, j + s] * w[k, c, q, r, s]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_row_taps_stack_only_the_lane(layout, dtype, stacked_copies):
+    """A 3x3 convolution's operands are stacked once per column tap: the row taps are views of
+    that copy. The forward and both gradients match torch in either layout."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 16, 9, 8)).astype(dtype)  # 16 channels each way: all three go to BLAS
+    w = rng.standard_normal((16, 16, 3, 3)).astype(dtype)
+    ct = rng.standard_normal((2, 16, 7, 6)).astype(dtype)
+    if layout == "nchw":
+        out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 1), x, w)
+        gx, gw = vjp_fn(ct)
+    else:  # the same numbers, channels last
+        out, vjp_fn = hd.vjp(conv_nhwc, x.transpose(0, 2, 3, 1), w.transpose(2, 3, 1, 0))
+        gx, gw = vjp_fn(ct.transpose(0, 2, 3, 1))
+        out, gx, gw = out.transpose(0, 3, 1, 2), gx.transpose(0, 3, 1, 2), gw.transpose(3, 2, 0, 1)
+    assert stacked_copies == [3, 3, 3], stacked_copies  # the forward's x, adj_x's cotangent, adj_w's x
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    ty = torch.nn.functional.conv2d(tx, tw)
+    ty.backward(torch.from_numpy(ct))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(out, ty.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_row_taps_of_a_3d_convolution(stacked_copies):
+    """Two row taps (depth and rows) loop over views of one copy stacked per column tap."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 16, 5, 6, 7))
+    w = rng.standard_normal((16, 16, 2, 3, 2))
+    hd.check_grad(conv3d, x, w)
+    stacked_copies.clear()
+    out, vjp_fn = hd.vjp(conv3d, x, w)
+    ct = rng.standard_normal(out.shape)
+    gx, gw = vjp_fn(ct)
+    assert stacked_copies == [2, 2, 2], stacked_copies
+    expected_gx, expected_gw = np.zeros_like(x), np.zeros_like(w)
+    for q, r, s in itertools.product(range(2), range(3), range(2)):  # the scatter as written
+        window = (slice(None), slice(None), slice(q, q + out.shape[2]), slice(r, r + out.shape[3]),
+                  slice(s, s + out.shape[4]))
+        expected_gx[window] += np.einsum("nkdij,kc->ncdij", ct, w[:, :, q, r, s])
+        expected_gw[:, :, q, r, s] = np.einsum("nkdij,ncdij->kc", ct, x[window])
+    np.testing.assert_allclose(gx, expected_gx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gw, expected_gw, rtol=1e-12, atol=1e-12)
