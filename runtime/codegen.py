@@ -18,6 +18,7 @@ from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, 
 from halide_ad.show import show, show_func
 from halide_ad.solver.affine import Affine
 from halide_ad.solver.bounds import checked_at_run_time, interval, is_data_dependent
+from halide_ad.runtime.contract import factors
 from halide_ad.runtime.schedule import interior
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import walk
@@ -359,8 +360,11 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
             zero = em.const(0, adj.dtype)
             w.line(f"acc = {em.index('ct_' + adj.buffer, index, name) if adj.seeded else zero}")
+            like: dict[tuple[Load, ...], float] = {}
             for g in gs:
-                _emit_gather(w, em, g)
+                _emit_gather(w, em, g, like, adj.dtype)
+            for loads, scale in like.items():
+                w.line(f"acc += {' * '.join([em.expr(x) for x in loads] + [em.const(scale, adj.dtype)])}")
             for term in terms:
                 w.line(f"acc += {term}")
             w.line(f"{em.index(name, index, name)} = acc")
@@ -413,7 +417,10 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
             parallel = not in_box_loop and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= _parallel_min_points()
             for d in range(start, len(vars_)):
                 lo, hi = ranges[vars_[d]]
-                _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par and parallel)
+                if lo == hi:  # a loop of one point costs numba more to compile than the body
+                    w.line(f"{em.name(vars_[d])} = {lo}")
+                else:
+                    _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par and parallel)
             _hoist_loads(w, em, gs, ranges, written)
             body(gs)
             em.hoisted.clear()
@@ -577,11 +584,21 @@ def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
     inner()
 
 
-def _emit_gather(w: Writer, em: Emitter, g) -> None:
+def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str) -> None:
+    """The gather's pieces, but those read unconditionally as a constant times loads of `dtype`:
+    these go into `like`, the constant summed per product of loads, which the caller emits once
+    (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
+    bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
+    every operation)."""
     s = g.scatter
     w.line(f"# {g.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
            + (f"  ({s.loc})" if s.loc else ""))
     for piece in g.pieces:
+        product = None if piece.loops or any(piece.guards) else factors(piece.value)
+        if product is not None and all(x.dtype == dtype for x in product[0]):
+            key = tuple(sorted(product[0], key=show))
+            like[key] = like.get(key, 0.0) + product[1]
+            continue
         depth = w.depth
         for level, guards in enumerate(piece.guards):
             if level > 0:

@@ -176,5 +176,7 @@ def test_edge_columns_run_inside_the_row_loop(fn, shape, row):
             break
         body.append(line)
     width = shape[1]
-    assert re.search(r"range\(0, \d\):", "\n".join(body)) and f", {width})" in "\n".join(body), source
+    text = "\n".join(body)  # the left columns and the right ones: loops, or one column's assignment
+    assert re.search(r"range\(0, \d\):|^ *\w+ = 0$", text, re.M), source
+    assert f", {width})" in text or re.search(rf"^ *\w+ = {width - 1}$", text, re.M), source
     _matches_scatter_reference(fn, x)
