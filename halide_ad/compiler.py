@@ -19,6 +19,7 @@ from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.codegen import emit_backward, emit_forward
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
+from halide_ad.runtime.schedule import piece_exprs
 from halide_ad.solver import Fallback, Gather, disk_cache, invert
 from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
@@ -71,6 +72,12 @@ class Kernel:
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
         for step in self.steps:
             step(buffers)
+
+    def buffers(self) -> set[str]:
+        """The buffers its steps read or write."""
+        return {name for step in self.steps for name in (
+            step.params if isinstance(step, NumbaStep) else
+            [step.out, step.init] + [n for c in step.contractions for n in (c.a.buffer, c.b.buffer)])}
 
 
 def _dump(stage: str, text: str) -> None:
@@ -235,13 +242,15 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     """Loop-nest adjoints share numba functions; an adjoint with BLAS contributions ends one, and
     its contractions are added after the loop nest has written the rest."""
     plans = plan_gradient(program, wrt)
+    private = _private_adjoints(program, plans)
     steps, sources, segment = [], [], []
 
     def flush():
         if any(p.contributions and not p.inlined for p in segment):
             entry = f"backward{len(sources)}"
-            key = ("emit_backward", program, tuple(segment), entry)  # scheduling asks z3 too
-            emit = functools.partial(emit_backward, program, list(segment), entry)
+            mine = private & {adjoint_name(p.adjoint.buffer) for p in segment}
+            key = ("emit_backward", program, tuple(segment), entry, tuple(sorted(mine)))  # scheduling asks z3 too
+            emit = functools.partial(emit_backward, program, list(segment), entry, frozenset(mine))
             source, params, checks = disk_cache.cached(key, emit)
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
             sources.append(source)
@@ -263,6 +272,24 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
         sources.append("".join(f"# {c.formula}  (BLAS, {len(c.taps) and 'per tap of ' + ', '.join(t.var.name for t in c.taps) or 'one call'})\n" for c in blas))
     flush()
     return Kernel(steps, "\n".join(sources)), plans
+
+
+def _private_adjoints(program: Program, plans: list[AdjointPlan]) -> frozenset[str]:
+    """The stored adjoints of intermediate buffers that exactly one gather reads, and nothing else
+    (no BLAS contraction, no scatter, no other plan): the loop nest that computes one may hand it
+    to its reader a plane at a time (codegen's stages)."""
+    inputs = {b.name for b in program.inputs}
+    readers: dict[str, list] = {}
+    for plan in plans:
+        for c in plan.contributions:
+            exprs = ([e for p in c.pieces for e in piece_exprs(p)] if isinstance(c, Gather) else
+                     [c.scatter.value, *c.scatter.index] + ([c.scatter.where] if c.scatter.where is not None else [])
+                     if isinstance(c, Fallback) else [c.a, c.b])
+            for name in {n.buffer for e in exprs for n in walk(e) if isinstance(n, Load)}:
+                readers.setdefault(name, []).append(c)
+    return frozenset(adjoint_name(p.adjoint.buffer) for p in plans
+                     if not p.inlined and p.adjoint.buffer not in inputs
+                     and [isinstance(c, Gather) for c in readers.get(adjoint_name(p.adjoint.buffer), [])] == [True])
 
 
 def allocate(shape: tuple[int, ...], dtype: str, *, zero: bool = False) -> np.ndarray:
@@ -290,7 +317,8 @@ def run_backward(kernel: Kernel, plans: list[AdjointPlan], buffers: dict[str, np
                  cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Adjoint buffers by name; `cotangents` are keyed by output name."""
     buffers = dict(buffers)
-    plans = [p for p in plans if not p.inlined]
+    used = kernel.buffers()  # not an adjoint that a kernel keeps one plane at a time (codegen's stages)
+    plans = [p for p in plans if not p.inlined and (adjoint_name(p.adjoint.buffer) in used or not p.contributions)]
     for plan in plans:
         adj = plan.adjoint
         name = adjoint_name(adj.buffer)

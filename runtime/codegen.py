@@ -19,7 +19,7 @@ from halide_ad.show import show, show_func
 from halide_ad.solver.affine import Affine
 from halide_ad.solver.bounds import checked_at_run_time, interval, is_data_dependent
 from halide_ad.runtime.contract import factors
-from halide_ad.runtime.schedule import interior
+from halide_ad.runtime.schedule import interior, piece_exprs
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import walk
 
@@ -28,7 +28,7 @@ _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "start", "stop",
              "parallel_for", "kernel"}
-_LOCAL = re.compile(r"h\d+|f32_\d+")  # the names of hoisted loads and float32 literals
+_LOCAL = re.compile(r"h\d+|f32_\d+|stage\d+")  # hoisted loads, float32 literals, staged adjoints
 
 
 @dataclass
@@ -43,6 +43,9 @@ class Emitter:
     # float32 literals, defined once at module level: numba freezes globals into constants, and
     # typing an np.float32(...) call at every use made big kernels compile ~25% slower
     float32s: dict[str, str] = field(default_factory=dict)
+    # adjoints kept one plane at a time in a local array (see `_stage_depth`): buffer -> (the
+    # leading dimensions the enclosing loops fix, the local's name)
+    staged: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def name(self, v: Var) -> str:
         if v not in self.names:
@@ -67,6 +70,9 @@ class Emitter:
         return self.float32s.setdefault(f"np.float32({text})", f"f32_{len(self.float32s)}")
 
     def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
+        if buffer in self.staged:
+            depth, local = self.staged[buffer]
+            return f"{local}[{', '.join(self.expr(e) for e in index[depth:])}]"
         self.used[buffer] = None
         if not index:
             return f"{buffer}[0]"
@@ -333,10 +339,13 @@ def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
         w.line(f"{em.index(argindex_name(f.name), f.vars, f.name)} = arg")
 
 
-def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], list[str]]:
+def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset()
+                  ) -> tuple[str, list[str], list[str]]:
     """The source of `backward(...)`: one gather loop nest per adjoint, then fallback scatters.
 
     `plans` are `AdjointPlan`s in order (outputs first), each adjoint's contributions inverted.
+    `private` names the adjoints that only the next plan reads: such a pair may run one plane at
+    a time, the first adjoint's plane kept in a local array (`_stage_depth`).
     """
     from halide_ad.solver import Gather
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
@@ -347,14 +356,14 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
     em = Emitter(shapes)
     w = em.out
     w.depth = 1
-    for plan in computed:
-        adj = plan.adjoint
-        name = adjoint_name(adj.buffer)
-        gathers = [c for c in plan.contributions if isinstance(c, Gather)]
-        w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
-        split = interior(plan.new_vars, adj.shape, gathers)
+    gathers = [[c for c in p.contributions if isinstance(c, Gather)] for p in computed]
+    splits = [interior(p.new_vars, p.adjoint.shape, gs) for p, gs in zip(computed, gathers, strict=True)]
 
-        def body(gs, at=None, terms=(), adj=adj, name=name, plan=plan):
+    def nest(k: int, opened: int = 0) -> None:
+        plan, adj = computed[k], computed[k].adjoint
+        name = adjoint_name(adj.buffer)
+
+        def body(gs, at=None, terms=()):
             """acc = the gathers `gs` (and the `terms`, as text), stored at j, or at `at[j]` for
             phased dimensions."""
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
@@ -364,37 +373,120 @@ def emit_backward(program: Program, plans, entry: str) -> tuple[str, list[str], 
             for g in gs:
                 _emit_gather(w, em, g, like, adj.dtype)
             for loads, scale in like.items():
-                w.line(f"acc += {' * '.join([em.expr(x) for x in loads] + [em.const(scale, adj.dtype)])}")
+                factors_ = [em.expr(x) for x in loads] + ([em.const(scale, adj.dtype)] if scale != 1 or not loads else [])
+                w.line(f"acc += {' * '.join(factors_)}")
             for term in terms:
                 w.line(f"acc += {term}")
             w.line(f"{em.index(name, index, name)} = acc")
 
-        _split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers, name)
+        _split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened)
+
+    k = 0
+    while k < len(computed):
+        plan = computed[k]
+        name = adjoint_name(plan.adjoint.buffer)
+        w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
+        depth = _stage_depth(computed, splits, gathers, k, private)
+        if depth:
+            _emit_staged(w, em, computed[k:k + 2], depth, nest, k)
+            k += 2
+            continue
+        nest(k)
         for s in plan.contributions:
             if not isinstance(s, Gather):
                 _emit_scatter(w, em, s, name)
+        k += 1
     w.line("return None")
     return _function(em, entry), list(em.used), em.checks
 
 
-def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str) -> None:
+MAX_STAGE = 1 << 18  # elements of a staged adjoint's plane, per thread: L2-sized
+
+
+def _cut_dims(vars_, shape, split) -> list[int]:
+    """The dimensions that the split's box or phases cut."""
+    if split is None:
+        return []
+    return [d for d, v in enumerate(vars_) if v in split.box and (split.box[v] != (0, shape[d] - 1) or v in split.phased)]
+
+
+def _stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> int:
+    """How many leading dimensions adjoint k and the next one can loop over together, running
+    one plane of each per iteration, adjoint k's plane in a local array that the next one reads
+    while it is in cache, instead of a buffer written out and read back (the maxpool gradient
+    that a blur's gradient reads, in a blur -> relu -> maxpool pipeline); 0 where they cannot.
+    Adjoint k must be read by the next one only (`private`), the next one must read it at its
+    own leading variables, and both loop nests must leave those dimensions whole."""
+    if k + 1 >= len(computed):
+        return 0
+    producer, consumer = computed[k], computed[k + 1]
+    name = adjoint_name(producer.adjoint.buffer)
+    shape = consumer.adjoint.shape
+    if name not in private or any(len(p.contributions) != len(g) for p, g in zip(computed[k:k + 2], gathers[k:k + 2])):
+        return 0  # a fallback scatter runs as a loop nest of its own
+    depth = min([len(p.adjoint.shape) - 1 for p in computed[k:k + 2]]  # a plane of at least one dimension
+                + [d for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)
+                   for d in _cut_dims(p.new_vars, p.adjoint.shape, s)[:1]])
+    par = _parallel_dim(shape)
+    if (not depth or par is not None and par >= depth or producer.adjoint.shape[:depth] != shape[:depth]
+            or _parallel_dim(producer.adjoint.shape) != par or math.prod(producer.adjoint.shape[depth:]) > MAX_STAGE):
+        return 0
+    loads = [n for g in gathers[k + 1] for p in g.pieces for e in piece_exprs(p) for n in walk(e)
+             if isinstance(n, Load) and n.buffer == name]
+    if not loads or any(n.index[:depth] != consumer.new_vars[:depth] or any(map(checked_at_run_time, n.index))
+                        for n in loads):
+        return 0
+    return depth
+
+
+def _emit_staged(w: Writer, em: Emitter, pair, depth: int, nest, k: int) -> None:
+    """Adjoint k and the next one, a plane of each per iteration of their leading `depth`
+    dimensions, adjoint k's plane in a local array (see `_stage_depth`)."""
+    producer, consumer = pair
+    shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
+    name = adjoint_name(producer.adjoint.buffer)
+    stage = f"stage{len(em.staged)}"
+    w.line(f"# {adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
+           f"reading {name} one plane at a time from {stage}")
+    base, par = w.depth, _parallel_dim(shape)
+    allocate = f"{stage} = np.empty({tuple(producer.adjoint.shape[depth:])}, np.{dtype})"
+    if par is None:
+        w.line(allocate)
+    for d in range(depth):
+        _open_loop(w, em.name(consumer.new_vars[d]), f"0, {shape[d]}", d == par)
+        if d == par:  # one plane per thread
+            w.line(allocate)
+    for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True):
+        if em.name(mine) != em.name(theirs):
+            w.line(f"{em.name(mine)} = {em.name(theirs)}")
+    em.staged[name] = (depth, stage)
+    level = w.depth
+    nest(k, depth)
+    w.depth = level
+    nest(k + 1, depth)
+    w.depth = base
+    del em.staged[name]
+
+
+def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
+                     opened: int = 0) -> None:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
     `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
     regions beside the box in its last dimension only run inside the box's loop, next to each
-    row's interior. Each body is emitted once per region and once per phase."""
+    row's interior. Each body is emitted once per region and once per phase. The loops over the
+    first `opened` dimensions are open already."""
     par = _parallel_dim(shape)
-    box = {} if split is None else {v: b for v, b in split.box.items()
-                                    if b != (0, shape[vars_.index(v)] - 1) or v in split.phased}
-    dims = [d for d, v in enumerate(vars_) if v in box]
+    dims = _cut_dims(vars_, shape, split)
+    box = {vars_[d]: split.box[vars_[d]] for d in dims}
     depth = w.depth
     if not dims:
-        _full_loops(w, em, vars_, shape, range(len(vars_)), par, lambda: body(gathers))
+        _full_loops(w, em, vars_, shape, range(opened, len(vars_)), par, lambda: body(gathers))
         w.depth = depth
         return
     first, last = dims[0], dims[-1]
-    _full_loops(w, em, vars_, shape, range(first), par, lambda: None)
+    _full_loops(w, em, vars_, shape, range(opened, first), par, lambda: None)
     level = w.depth
     i, j = len(vars_) - 2, len(vars_) - 1
     separable = split.separable is not None and first <= i and par not in (i, j) and \

@@ -73,7 +73,7 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     """
     if not new_vars:
         return None  # a 0-d adjoint: one point, nothing to split
-    if larger_than((e for g in gathers for p in g.pieces for e in _piece_exprs(p)), MAX_NODES):
+    if larger_than((e for g in gathers for p in g.pieces for e in piece_exprs(p)), MAX_NODES):
         return None  # the general loop nest is right, and rewriting it would take longer than it runs
     extents = dict(zip(new_vars, shape, strict=True))
     margins = _grow({v: (0, 0) for v in new_vars}, extents, gathers, _boundary_terms)
@@ -139,7 +139,7 @@ def _outside(box: Box, extents: dict[Var, int], gathers: list[Gather]) -> tuple[
     border. A mirror's period quotients do not: there the copies would only be longer to compile."""
     outside = tuple((r, [_unroll(_at(_specialize(g, r), r)) for g in gathers]) for r in _regions(box, extents))
     gs = [(r, g) for r, region in outside for g in region]
-    if (larger_than((e for _, g in gs for p in g.pieces for e in _piece_exprs(p)), MAX_NODES)
+    if (larger_than((e for _, g in gs for p in g.pieces for e in piece_exprs(p)), MAX_NODES)
             or any(_boundary_terms(p, r) for r, g in gs for p in g.pieces)):
         return ()
     return outside
@@ -233,7 +233,7 @@ def _stride(gathers: list[Gather], j: Var) -> int:
     stride = 1
     for g in gathers:
         for p in g.pieces:
-            for e in _piece_exprs(p):
+            for e in piece_exprs(p):
                 for n in walk(e):
                     if (isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
                             and j in _vars(n.lhs)):
@@ -248,7 +248,8 @@ def _period(e: Expr, j: Var, divisor: int) -> int:
     return divisor if form is None else divisor // math.gcd(form[0].get(j, 0), divisor)
 
 
-def _piece_exprs(p: GatherPiece):
+def piece_exprs(p: GatherPiece):
+    """Every expression a gather piece evaluates: its value, guards and loop bounds."""
     yield p.value
     for level in p.guards:
         yield from level

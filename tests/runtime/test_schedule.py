@@ -70,6 +70,47 @@ def test_pointwise_adjoints_are_not_stored():
 
 
 @hd.func
+def blur_relu_pool_planes(x, w=None):
+    """blur -> relu -> 2x2 maxpool on each plane of an (n, c, h, w) batch; the blur's 3x3 window
+    weighted by w where given."""
+    e = hd.repeat_edge(x)
+    r, s = hd.rdom(3, 3)
+    tap = (lambda n, c, i, j: e[n, c, i + r - 1, j + s - 1]) if w is None else \
+        (lambda n, c, i, j: e[n, c, i + r - 1, j + s - 1] * w[r, s])
+    y = hd.relu(hd.compute(x.shape, lambda n, c, i, j: hd.sum(tap(n, c, i, j)) / 9))
+    p, q = hd.rdom(2, 2)
+    return hd.compute(x.shape[:2] + (x.shape[2] // 2, x.shape[3] // 2),
+                      lambda n, c, i, j: hd.max(y[n, c, 2 * i + p, 2 * j + q]))
+
+
+@pytest.mark.parametrize("shape, dtype", [((2, 3, 7, 9), np.float64), ((1, 2, 4, 6), np.float32)])
+def test_pooling_gradient_handed_to_the_blur_a_plane_at_a_time(shape, dtype):
+    """The window sum's adjoint (the pooling gradient through the relu) is read by the blur's
+    gradient only: per (n, c), its plane is computed into a local array that the blur's
+    gradient reads while it is in cache, and never stored whole."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(dtype)
+    fn = blur_relu_pool_planes
+    source = hd.explain(fn, x).backward_source
+    assert "stage0 = np.empty(" in source and "stage0[" in source, source
+    entry = next(line for line in source.splitlines() if line.startswith("def backward"))
+    assert "adj_x" in entry and not re.search(r"adj_\w*sum", entry), entry  # not a kernel parameter
+    _matches_scatter_reference(fn, x)
+    if dtype == np.float64:
+        hd.check_grad(fn, x)
+
+
+def test_an_adjoint_with_two_readers_is_stored():
+    """With the blur's weights an input, the window sum's adjoint has two readers (the
+    gradients of x and of w): it is stored whole, and both gradients read it."""
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((2, 3, 7, 9)), rng.standard_normal((3, 3))
+    assert "stage0" not in hd.explain(blur_relu_pool_planes, x, w).backward_source
+    _matches_scatter_reference(blur_relu_pool_planes, x, w)
+    hd.check_grad(blur_relu_pool_planes, x, w)
+
+
+@hd.func
 def blur_edge(x):
     e = hd.repeat_edge(x)
     r, s = hd.rdom(3, 3)
