@@ -424,7 +424,8 @@ def _stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> 
     shape = consumer.adjoint.shape
     if name not in private or any(len(p.contributions) != len(g) for p, g in zip(computed[k:k + 2], gathers[k:k + 2])):
         return 0  # a fallback scatter runs as a loop nest of its own
-    depth = min([len(p.adjoint.shape) - 1 for p in computed[k:k + 2]]  # a plane of at least one dimension
+    depth = min([len(p.adjoint.shape) - (1 if s is None or s.separable is None else 2)  # a separable window's
+                 for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)]  # two passes need a plane
                 + [d for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)
                    for d in _cut_dims(p.new_vars, p.adjoint.shape, s)[:1]])
     par = _parallel_dim(shape)
@@ -481,11 +482,11 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     dims = _cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
     depth = w.depth
-    if not dims:
+    if not dims and (split is None or split.separable is None):
         _full_loops(w, em, vars_, shape, range(opened, len(vars_)), par, lambda: body(gathers))
         w.depth = depth
         return
-    first, last = dims[0], dims[-1]
+    first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
     _full_loops(w, em, vars_, shape, range(opened, first), par, lambda: None)
     level = w.depth
     i, j = len(vars_) - 2, len(vars_) - 1

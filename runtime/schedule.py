@@ -83,12 +83,16 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
                     lambda p, box: _boundary_terms(p, box) + _quotient_terms(p, box)) or margins
     box = _box(margins, extents)
     split = _phases(Split(box, [_specialize(g, box) for g in gathers]), new_vars)
-    if not split.phased and all(m == (0, 0) for m in margins.values()):
-        return None  # no boundary and no stride: nothing to split
+    unbounded = not split.phased and all(m == (0, 0) for m in margins.values())
+    if unbounded and (len(new_vars) < 2 or larger_than((e for g in gathers for p in g.pieces for e in piece_exprs(p)),
+                                                       MAX_SEPARABLE_NODES)):
+        return None  # no boundary and no stride: nothing to split, unless the window is separable
     # windows are written out last: every piece of the phases costs z3 a query
     inside = [_unroll(_substitute_gather(g, {})) for g in split.inside]
-    return replace(split, inside=inside, outside=_outside(split.box, extents, gathers),
-                   separable=None if split.phased or len(new_vars) < 2 else _separable(inside, *new_vars[-2:]))
+    separable = None if split.phased or len(new_vars) < 2 else _separable(inside, *new_vars[-2:])
+    if unbounded and separable is None:
+        return None
+    return replace(split, inside=inside, outside=_outside(split.box, extents, gathers), separable=separable)
 
 
 def _separable(gathers: list[Gather], i: Var, j: Var) -> Separable | None:
@@ -121,13 +125,15 @@ def _separable(gathers: list[Gather], i: Var, j: Var) -> Separable | None:
     rows = {r: weights.get((r, c0), 0.0) for r, _ in weights}
     cols = {c: weights.get((r0, c), 0.0) / weights[r0, c0] for _, c in weights}
     big = abs(weights[r0, c0])
-    if len(rows) * len(cols) < 2 * (len(rows) + len(cols)) or any(
+    strided = strides[1] > 1 and len(cols) > 1  # the rows pass reads each source row once, in order
+    if (len(rows) * len(cols) < 2 * (len(rows) + len(cols)) and not strided) or any(
             abs(weights.get((r, c), 0.0) - u * v) > 1e-12 * big for r, u in rows.items() for c, v in cols.items()):
         return None  # too few terms saved to pay for the temporary's traffic (a 3x3 box), or not of rank one
     return Separable(src, strides[0], strides[1], tuple(sorted(rows.items())), tuple(sorted(cols.items())))
 
 
 MAX_SEPARABLE_TERMS = 256  # terms of a window, its loops written out, that _separable looks at
+MAX_SEPARABLE_NODES = 400  # a loop nest with no box or phases is only looked at for a window this small
 
 
 MAX_REGIONS = 8  # each region around the box is a copy of the loop body
