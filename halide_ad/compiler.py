@@ -281,7 +281,7 @@ def _private_adjoints(program: Program, plans: list[AdjointPlan]) -> frozenset[s
     inputs = {b.name for b in program.inputs}
     readers: dict[str, list] = {}
     for plan in plans:
-        for c in plan.contributions:
+        for c in () if plan.inlined else plan.contributions:  # an inlined one's readers read what it reads
             exprs = ([e for p in c.pieces for e in piece_exprs(p)] if isinstance(c, Gather) else
                      [c.scatter.value, *c.scatter.index] + ([c.scatter.where] if c.scatter.where is not None else [])
                      if isinstance(c, Fallback) else [c.a, c.b])
