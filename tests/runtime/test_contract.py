@@ -197,3 +197,30 @@ def test_row_taps_of_a_3d_convolution(stacked_copies):
         expected_gw[:, :, q, r, s] = np.einsum("nkdij,ncdij->kc", ct, x[window])
     np.testing.assert_allclose(gx, expected_gx, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(gw, expected_gw, rtol=1e-12, atol=1e-12)
+
+
+@hd.func
+def conv_relu_pool(x, w):
+    p, q = hd.rdom(2, 2)
+    y = hd.relu(conv(x, w, 1))
+    return hd.compute(y.shape[:2] + (y.shape[2] // 2, y.shape[3] // 2),
+                      lambda n, k, i, j: hd.max(y[n, k, 2 * i + p, 2 * j + q]))
+
+
+def test_a_gradient_that_blas_reads_is_stored():
+    """The pooling gradient (through the relu) is read by the convolution's two BLAS products: it
+    is stored whole, not handed over a plane at a time, and both gradients match torch's."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((2, 16, 9, 8)), rng.standard_normal((16, 16, 3, 3))
+    explained = hd.explain(conv_relu_pool, x, w)
+    assert "stage0" not in explained.backward_source and str(explained).count("[computed by BLAS]") == 2
+    out, vjp_fn = hd.vjp(conv_relu_pool, x, w)
+    ct = rng.standard_normal(out.shape)
+    gx, gw = vjp_fn(ct)
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    ty = torch.nn.functional.max_pool2d(torch.relu(torch.nn.functional.conv2d(tx, tw)), 2)
+    ty.backward(torch.from_numpy(ct))
+    np.testing.assert_allclose(out, ty.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
