@@ -121,6 +121,8 @@ PY_OPS: dict[Op, Callable] = {
 
 
 def simplify_rule(n: Expr) -> Expr | None:
+    if not isinstance(n, (Bin, Call, Select)):  # leaves are most nodes: skip matching them case by case
+        return None
     match n:
         case Bin(op, Const(a), Const(b)) if op in PY_OPS and not (
                 op in (Op.FLOORDIV, Op.MOD) and b == 0):
