@@ -53,7 +53,9 @@ def explain(fn, *args, **kwargs) -> Explanation:
     forward = traced.forward_kernel()
     kernel, plans = traced.gradient(wrt)
     contributions = []
+    stored = kernel.buffers()
     for plan in plans:
+        staged = not plan.inlined and ir.adjoint_name(plan.adjoint.buffer) not in stored
         for c in plan.contributions:
             routed = ""
             if isinstance(c, Contraction):
@@ -66,6 +68,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
             formula += routed
             if plan.inlined:
                 formula += "  [not stored: computed where it is read]"
+            elif staged:
+                formula += "  [not stored: handed to its reader a plane at a time]"
             contributions.append(Contribution(s.buffer, c.form, formula,
                                               c.reason if isinstance(c, Fallback) else None,
                                               str(s.loc) if s.loc else None))

@@ -91,8 +91,10 @@ def test_pooling_gradient_handed_to_the_blur_a_plane_at_a_time(shape, dtype):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(dtype)
     fn = blur_relu_pool_planes
-    source = hd.explain(fn, x).backward_source
+    report = hd.explain(fn, x)
+    source = report.backward_source
     assert "stage0 = np.empty(" in source and "stage0[" in source, source
+    assert sum("a plane at a time]" in c.formula for c in report.contributions) == 1, str(report)
     entry = next(line for line in source.splitlines() if line.startswith("def backward"))
     assert "adj_x" in entry and not re.search(r"adj_\w*sum", entry), entry  # not a kernel parameter
     _matches_scatter_reference(fn, x)
