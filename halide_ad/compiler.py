@@ -317,8 +317,8 @@ def run_backward(kernel: Kernel, plans: list[AdjointPlan], buffers: dict[str, np
                  cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Adjoint buffers by name; `cotangents` are keyed by output name."""
     buffers = dict(buffers)
-    used = kernel.buffers()  # not an adjoint that a kernel keeps one plane at a time (codegen's stages)
-    plans = [p for p in plans if not p.inlined and (adjoint_name(p.adjoint.buffer) in used or not p.contributions)]
+    used = kernel.buffers()
+    plans = [p for p in plans if not p.inlined]
     for plan in plans:
         adj = plan.adjoint
         name = adjoint_name(adj.buffer)
@@ -326,10 +326,12 @@ def run_backward(kernel: Kernel, plans: list[AdjointPlan], buffers: dict[str, np
         if ct is not None and ct.ndim == 0:
             ct = ct.reshape(1)
         if plan.contributions:
-            buffers[name] = allocate(adj.shape, adj.dtype)
+            if name in used:  # else a kernel keeps it one plane at a time (codegen's stages)
+                buffers[name] = allocate(adj.shape, adj.dtype)
             if adj.seeded:
                 buffers["ct_" + adj.buffer] = ct
         else:
             buffers[name] = ct if adj.seeded else allocate(adj.shape, adj.dtype, zero=True)
     kernel(buffers)
-    return {plan.adjoint.buffer: buffers[adjoint_name(plan.adjoint.buffer)] for plan in plans}
+    return {plan.adjoint.buffer: buffers[adjoint_name(plan.adjoint.buffer)] for plan in plans
+            if adjoint_name(plan.adjoint.buffer) in buffers}

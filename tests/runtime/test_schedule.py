@@ -102,6 +102,33 @@ def test_pooling_gradient_handed_to_the_blur_a_plane_at_a_time(shape, dtype):
         hd.check_grad(fn, x)
 
 
+@hd.func
+def pooled_blur_and_blur(x):
+    """The pooled blur, and the blur itself as a second output."""
+    e = hd.repeat_edge(x)
+    r, s = hd.rdom(3, 3)
+    blurred = hd.compute(x.shape, lambda n, c, i, j: hd.sum(e[n, c, i + r - 1, j + s - 1]) / 9)
+    p, q = hd.rdom(2, 2)
+    pooled = hd.compute(x.shape[:2] + (x.shape[2] // 2, x.shape[3] // 2),
+                        lambda n, c, i, j: hd.max(blurred[n, c, 2 * i + p, 2 * j + q]))
+    return pooled, blurred
+
+
+def test_a_staged_adjoint_with_a_cotangent_of_its_own():
+    """The blur is an output too: its adjoint, handed to the blur's window gradient a plane at a
+    time, starts from its own cotangent."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 7, 8))
+    assert "stage0" in hd.explain(pooled_blur_and_blur, x).backward_source
+    traced, arrays = as_function(pooled_blur_and_blur).trace((x,), {})
+    (pooled, blurred), vjp_fn = hd.vjp(pooled_blur_and_blur, x)
+    cts = rng.standard_normal(pooled.shape), rng.standard_normal(blurred.shape)
+    (gx,) = vjp_fn(cts)
+    program = traced.program
+    ref = scatter_adjoints(program, ("x",), arrays | evaluate(program, arrays), dict(zip(program.outputs, cts)))
+    np.testing.assert_allclose(gx, ref["x"], rtol=1e-13, atol=1e-13)
+
+
 def test_an_adjoint_with_two_readers_is_stored():
     """With the blur's weights an input, the window sum's adjoint has two readers (the
     gradients of x and of w): it is stored whole, and both gradients read it."""
