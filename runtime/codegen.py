@@ -446,7 +446,7 @@ def _emit_staged(w: Writer, em: Emitter, pair, depth: int, nest, k: int) -> None
     producer, consumer = pair
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
-    stage = f"stage{len(em.staged)}"
+    stage = w.temp("stage")  # unique in the kernel: two stages in one function may differ in type
     w.line(f"# {adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
            f"reading {name} one plane at a time from {stage}")
     base, par = w.depth, _parallel_dim(shape)

@@ -2,6 +2,7 @@
 (transposed and strided views, size-1 and empty axes, stacked taps), and convolution gradients
 whose taps go through im2col / col2im against finite differences."""
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -214,7 +215,8 @@ def test_a_gradient_that_blas_reads_is_stored():
     rng = np.random.default_rng(6)
     x, w = rng.standard_normal((2, 16, 9, 8)), rng.standard_normal((16, 16, 3, 3))
     explained = hd.explain(conv_relu_pool, x, w)
-    assert "stage0" not in explained.backward_source and str(explained).count("[computed by BLAS]") == 2
+    assert not re.search(r"\bstage\d+\b", explained.backward_source)
+    assert str(explained).count("[computed by BLAS]") == 2
     out, vjp_fn = hd.vjp(conv_relu_pool, x, w)
     ct = rng.standard_normal(out.shape)
     gx, gw = vjp_fn(ct)

@@ -93,7 +93,7 @@ def test_pooling_gradient_handed_to_the_blur_a_plane_at_a_time(shape, dtype):
     fn = blur_relu_pool_planes
     report = hd.explain(fn, x)
     source = report.backward_source
-    assert "stage0 = np.empty(" in source and "stage0[" in source, source
+    assert re.search(r"\bstage\d+ = np\.empty\(", source) and re.search(r"\bstage\d+\[", source), source
     assert sum("a plane at a time]" in c.formula for c in report.contributions) == 1, str(report)
     entry = next(line for line in source.splitlines() if line.startswith("def backward"))
     assert "adj_x" in entry and not re.search(r"adj_\w*sum", entry), entry  # not a kernel parameter
@@ -119,7 +119,7 @@ def test_a_staged_adjoint_with_a_cotangent_of_its_own():
     time, starts from its own cotangent."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 3, 7, 8))
-    assert "stage0" in hd.explain(pooled_blur_and_blur, x).backward_source
+    assert re.search(r"\bstage\d+ = np\.empty\(", hd.explain(pooled_blur_and_blur, x).backward_source)
     traced, arrays = as_function(pooled_blur_and_blur).trace((x,), {})
     (pooled, blurred), vjp_fn = hd.vjp(pooled_blur_and_blur, x)
     cts = rng.standard_normal(pooled.shape), rng.standard_normal(blurred.shape)
@@ -134,7 +134,7 @@ def test_an_adjoint_with_two_readers_is_stored():
     gradients of x and of w): it is stored whole, and both gradients read it."""
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 3, 7, 9)), rng.standard_normal((3, 3))
-    assert "stage0" not in hd.explain(blur_relu_pool_planes, x, w).backward_source
+    assert not re.search(r"\bstage\d+\b", hd.explain(blur_relu_pool_planes, x, w).backward_source)
     _matches_scatter_reference(blur_relu_pool_planes, x, w)
     hd.check_grad(blur_relu_pool_planes, x, w)
 
