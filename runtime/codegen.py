@@ -373,8 +373,8 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             for g in gs:
                 _emit_gather(w, em, g, like, adj.dtype)
             for loads, scale in like.items():
-                factors_ = [em.expr(x) for x in loads] + ([em.const(scale, adj.dtype)] if scale != 1 or not loads else [])
-                w.line(f"acc += {' * '.join(factors_)}")
+                operands = [em.expr(x) for x in loads] + ([em.const(scale, adj.dtype)] if scale != 1 or not loads else [])
+                w.line(f"acc += {' * '.join(operands)}")
             for term in terms:
                 w.line(f"acc += {term}")
             w.line(f"{em.index(name, index, name)} = acc")
@@ -388,7 +388,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
         depth = _stage_depth(computed, splits, gathers, k, private)
         if depth:
-            _emit_staged(w, em, computed[k:k + 2], depth, nest, k)
+            _emit_staged(w, em, computed, k, depth, nest)
             k += 2
             continue
         nest(k)
@@ -440,10 +440,11 @@ def _stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> 
     return depth
 
 
-def _emit_staged(w: Writer, em: Emitter, pair, depth: int, nest, k: int) -> None:
+def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> None:
     """Adjoint k and the next one, a plane of each per iteration of their leading `depth`
-    dimensions, adjoint k's plane in a local array (see `_stage_depth`)."""
-    producer, consumer = pair
+    dimensions, adjoint k's plane in a local array (see `_stage_depth`); `nest(k, opened)` emits
+    adjoint k's loop nest inside loops already open."""
+    producer, consumer = computed[k], computed[k + 1]
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
     stage = w.temp("stage")  # unique in the kernel: two stages in one function may differ in type

@@ -277,7 +277,8 @@ def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
         return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
     size = dict(zip(sa, va.shape)) | dict(zip(sb, vb.shape))
     rows, cols = (math.prod(size[c] for c in free) for free in (free_a, free_b))
-    if rows * cols <= SMALL_PRODUCT and rows < cols or rows * cols > SMALL_PRODUCT and out and out[-1] in sa:
+    swap = rows < cols if rows * cols <= SMALL_PRODUCT else bool(out) and out[-1] in sa
+    if swap:
         va, sa, vb, sb, free_a, free_b = vb, sb, va, sa, free_b, free_a
     big, sbig = (va, sa) if va.size >= vb.size else (vb, sb)
     summed = _memory_order(big, sbig, summed)

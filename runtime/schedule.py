@@ -73,7 +73,7 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     """
     if not new_vars:
         return None  # a 0-d adjoint: one point, nothing to split
-    if larger_than((e for g in gathers for p in g.pieces for e in piece_exprs(p)), MAX_NODES):
+    if _larger_than(gathers, MAX_NODES):
         return None  # the general loop nest is right, and rewriting it would take longer than it runs
     extents = dict(zip(new_vars, shape, strict=True))
     margins = _grow({v: (0, 0) for v in new_vars}, extents, gathers, _boundary_terms)
@@ -84,8 +84,7 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     box = _box(margins, extents)
     split = _phases(Split(box, [_specialize(g, box) for g in gathers]), new_vars)
     unbounded = not split.phased and all(m == (0, 0) for m in margins.values())
-    if unbounded and (len(new_vars) < 2 or larger_than((e for g in gathers for p in g.pieces for e in piece_exprs(p)),
-                                                       MAX_SEPARABLE_NODES)):
+    if unbounded and (len(new_vars) < 2 or _larger_than(gathers, MAX_SEPARABLE_NODES)):
         return None  # no boundary and no stride: nothing to split, unless the window is separable
     # windows are written out last: every piece of the phases costs z3 a query
     inside = [_unroll(_substitute_gather(g, {})) for g in split.inside]
@@ -145,7 +144,7 @@ def _outside(box: Box, extents: dict[Var, int], gathers: list[Gather]) -> tuple[
     border. A mirror's period quotients do not: there the copies would only be longer to compile."""
     outside = tuple((r, [_unroll(_at(_specialize(g, r), r)) for g in gathers]) for r in _regions(box, extents))
     gs = [(r, g) for r, region in outside for g in region]
-    if (larger_than((e for _, g in gs for p in g.pieces for e in piece_exprs(p)), MAX_NODES)
+    if (_larger_than([g for _, g in gs], MAX_NODES)
             or any(_boundary_terms(p, r) for r, g in gs for p in g.pieces)):
         return ()
     return outside
@@ -252,6 +251,11 @@ def _stride(gathers: list[Gather], j: Var) -> int:
 def _period(e: Expr, j: Var, divisor: int) -> int:
     form = linear_form(e)
     return divisor if form is None else divisor // math.gcd(form[0].get(j, 0), divisor)
+
+
+def _larger_than(gathers: list[Gather], nodes: int) -> bool:
+    """More than `nodes` nodes in all the expressions of all the gathers' pieces."""
+    return larger_than((e for g in gathers for p in g.pieces for e in piece_exprs(p)), nodes)
 
 
 def piece_exprs(p: GatherPiece):
