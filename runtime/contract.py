@@ -263,78 +263,113 @@ def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: boo
 
 
 def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
-    """einsum(f"{sa},{sb}->{out}", va, vb) as BLAS matrix products, without copying the larger
-    operand where its strides allow: each operand's axes are grouped in memory order into
-    (free, summed) matrices, batched over the larger operand's outermost axis when grouping
-    needs it (a convolution's image index), and the operand holding the output's last letter
-    goes right, so that the product's innermost axis is the output's; a small product (a weight
-    gradient) puts the operand with more free points left, where BLAS runs faster (32x96 rows
-    and columns, summing 3844: 73-89 against 100 GFLOP/s). Letters in both operands
-    and the output (or repeated) go to einsum."""
+    """einsum(f"{sa},{sb}->{out}", va, vb) as BLAS matrix products (see `_matmul_plan`); a
+    convolution calls it with the same layouts every step, so the plan is worked out once."""
+    plan = _matmul_plan(sa, va.shape, va.strides, sb, vb.shape, vb.strides, out)
+    if plan is None:
+        return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
+    if plan.swap:
+        va, vb = vb, va
+    a, b = plan.a(va), plan.b(vb)
+    product = np.matmul(a, b, out=pool.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), va.dtype))
+    if plan.images == "summed":
+        product = product.sum(axis=0)
+    return product.reshape(plan.shape).transpose(plan.perm)
+
+
+@dataclass(frozen=True)
+class _Operand:
+    """An operand's axes put in `perm` order and merged into (batch, rows, columns): a view
+    of it, or with `copy`, of a contiguous copy."""
+    perm: tuple[int, ...]
+    shape: tuple[int, int, int]
+    copy: bool
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        v = v.transpose(self.perm)
+        return (np.ascontiguousarray(v) if self.copy else v).reshape(self.shape)
+
+
+@dataclass(frozen=True)
+class _MatmulPlan:
+    swap: bool
+    a: _Operand
+    b: _Operand
+    images: str  # "batched": an axis of the output; "summed": one product per image, then summed
+    shape: tuple[int, ...]  # the product's letters, unmerged
+    perm: tuple[int, ...]  # from those letters to the output's
+
+
+@functools.lru_cache(maxsize=1024)
+def _matmul_plan(sa: str, shape_a, strides_a, sb: str, shape_b, strides_b, out: str) -> _MatmulPlan | None:
+    """How to compute einsum(f"{sa},{sb}->{out}") on operands of these shapes and strides as
+    BLAS matrix products, without copying the larger operand where its strides allow: each
+    operand's axes are grouped in memory order into (free, summed) matrices, batched over the
+    larger operand's outermost axis when grouping needs it (a convolution's image index), and
+    the operand holding the output's last letter goes right, so that the product's innermost
+    axis is the output's; a small product (a weight gradient) puts the operand with more free
+    points left, where BLAS runs faster (32x96 rows and columns, summing 3844: 73-89 against
+    100 GFLOP/s). A small operand is copied where that saves batching. None where einsum must
+    do it: letters in both operands and the output, or repeated."""
     summed = [c for c in sa if c in sb and c not in out]
     free_a, free_b = [c for c in sa if c not in sb], [c for c in sb if c not in sa]
     if sorted(free_a + free_b) != sorted(out) or len(set(sa + sb)) != len(free_a + free_b + summed):
-        return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
-    size = dict(zip(sa, va.shape)) | dict(zip(sb, vb.shape))
+        return None
+    a, b = (sa, shape_a, strides_a), (sb, shape_b, strides_b)
+    size = dict(zip(sa, shape_a)) | dict(zip(sb, shape_b))
     rows, cols = (math.prod(size[c] for c in free) for free in (free_a, free_b))
     swap = rows < cols if rows * cols <= SMALL_PRODUCT else bool(out) and out[-1] in sa
     if swap:
-        va, sa, vb, sb, free_a, free_b = vb, sb, va, sa, free_b, free_a
-    big, sbig = (va, sa) if va.size >= vb.size else (vb, sb)
-    summed = _memory_order(big, sbig, summed)
-    free_a, free_b = _memory_order(va, sa, free_a), _memory_order(vb, sb, free_b)
+        a, b, free_a, free_b = b, a, free_b, free_a
+    big, small = (a, b) if math.prod(a[1]) >= math.prod(b[1]) else (b, a)
 
-    def grouped(v, subs, left, right, batch):
-        groups = [[c for c in batch if c in subs], left, right]
-        view = _grouped(v, subs, groups)
-        if view is None and v is not big:  # the smaller operand is cheap to copy into the order needed
-            view = _grouped(*_contiguous(v, subs, [c for group in groups for c in group]), groups)
-        return view
+    def memory_order(operand, letters) -> list[str]:
+        subs, _, strides = operand
+        return sorted(letters, key=lambda c: -abs(strides[subs.index(c)]))
 
-    batch = []
-    a, b = grouped(va, sa, free_a, summed, []), grouped(vb, sb, summed, free_b, [])
-    outer = _memory_order(big, sbig, sbig)[0] if sbig else None
-    if (a is None or b is None) and outer is not None and size[outer] > 1:
-        rest_a, rest_b, rest_s = ([c for c in x if c != outer] for x in (free_a, free_b, summed))
-        a2, b2 = grouped(va, sa, rest_a, rest_s, [outer]), grouped(vb, sb, rest_s, rest_b, [outer])
-        if a2 is not None and b2 is not None:
-            a, b, batch, free_a, free_b, summed = a2, b2, [outer], rest_a, rest_b, rest_s
-    if a is None or b is None:  # a copy is unavoidable: let numpy make it
-        a = va.transpose([sa.index(c) for c in free_a + summed]).reshape(
-            1, math.prod(size[c] for c in free_a), math.prod(size[c] for c in summed))
-        b = vb.transpose([sb.index(c) for c in summed + free_b]).reshape(
-            1, math.prod(size[c] for c in summed), math.prod(size[c] for c in free_b))
-    product = np.matmul(a, b, out=pool.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), big.dtype))
-    letters = free_a + free_b
-    if not batch:
-        product = product[0]
-    elif batch[0] in out:
-        letters = batch + letters
-    else:  # a summed image index: one small product per image
-        product = product.sum(axis=0)
-    product = product.reshape([size[c] for c in letters])
-    return product.transpose([letters.index(c) for c in out])
+    summed = memory_order(big, summed)
+    free_a, free_b = memory_order(a, free_a), memory_order(b, free_b)
+    outer = memory_order(big, big[0])[0] if big[0] else None
 
-
-def _contiguous(v: np.ndarray, subs: str, order: list[str]) -> tuple[np.ndarray, str]:
-    return np.ascontiguousarray(v.transpose([subs.index(c) for c in order])), "".join(order)
-
-
-def _memory_order(v: np.ndarray, subs: str, letters) -> list[str]:
-    return sorted(letters, key=lambda c: -abs(v.strides[subs.index(c)]))
-
-
-def _grouped(v: np.ndarray, subs: str, groups: list[list[str]]) -> np.ndarray | None:
-    """A view of `v` with one axis per group of letters (an empty group is an axis of 1), or
-    None where a group's axes cannot merge without a copy."""
-    shape, strides = [], []
-    for group in groups:
-        axes = [subs.index(c) for c in group if v.shape[subs.index(c)] != 1]
-        if any(v.strides[x] != v.strides[y] * v.shape[y] for x, y in zip(axes, axes[1:])):
+    def operand(o, groups, copy) -> _Operand | None:
+        subs, shape, strides = o
+        groups = [[c for c in groups[0] if c in subs], *groups[1:]]
+        order = [c for group in groups for c in group]
+        needs_copy = copy is True or not _mergeable(subs, shape, strides, groups)
+        if needs_copy and not copy:
             return None
-        shape.append(math.prod(v.shape[x] for x in axes))
-        strides.append(v.strides[axes[-1]] if axes else v.itemsize)
-    return np.lib.stride_tricks.as_strided(v, shape, strides)
+        return _Operand(tuple(subs.index(c) for c in order),
+                        tuple(math.prod(size[c] for c in group) for group in groups), needs_copy)
+
+    def layout(batch, copy):
+        fa, fb, s = ([c for c in x if c not in batch] for x in (free_a, free_b, summed))
+        oa = operand(a, [batch, fa, s], copy if a is small else False)
+        ob = operand(b, [batch, s, fb], copy if b is small else False)
+        return None if oa is None or ob is None else (oa, ob, batch, fa, fb)
+
+    # views beat a copy, except that a small operand is cheaper to copy than the product to batch
+    tries = [([], False), ([], "if needed")] if math.prod(small[1]) <= SMALL_PRODUCT else [([], False)]
+    if outer is not None and size[outer] > 1:
+        tries += [([outer], False), ([outer], "if needed")]
+    found = next(filter(None, (layout(batch, copy) for batch, copy in tries)), None)
+    if found is None:  # a copy of the larger operand is unavoidable
+        found = (operand(a, [[], free_a, summed], True), operand(b, [[], summed, free_b], True), [], free_a, free_b)
+    oa, ob, batch, free_a, free_b = found
+    letters = free_a + free_b
+    images = "summed" if batch and batch[0] not in out else "batched"
+    if batch and images == "batched":
+        letters = batch + letters
+    return _MatmulPlan(swap, oa, ob, images, tuple(size[c] for c in letters),
+                       tuple(letters.index(c) for c in out))
+
+
+def _mergeable(subs: str, shape, strides, groups: list[list[str]]) -> bool:
+    """Whether each group of letters' axes merge into one axis without a copy."""
+    for group in groups:
+        axes = [subs.index(c) for c in group if shape[subs.index(c)] != 1]
+        if any(strides[x] != strides[y] * shape[y] for x, y in zip(axes, axes[1:])):
+            return False
+    return True
 
 
 def _vars(e: Expr) -> set[Var]:
@@ -358,14 +393,22 @@ def _offset_vars(terms: dict) -> set[Var]:
     return vs if len(vs) > 1 else set()
 
 
-@functools.lru_cache(maxsize=4096)  # every call of a contraction asks again; callers must not mutate
+_terms_of: dict[int, tuple[Expr, dict | None]] = {}  # id -> (the expression, its terms)
+
+
 def _terms(e: Expr) -> dict[Var, int] | None:
-    """Integer affine coefficients of an index component, with the constant under key None."""
+    """Integer affine coefficients of an index component, with the constant under key None.
+    Every call of a contraction asks again about the same index objects, and hashing an
+    expression walks its whole tree, so they are cached by identity; callers must not mutate."""
+    hit = _terms_of.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
     form = linear_form(e)
-    if form is None:
-        return None
-    coeffs, constant = form
-    return {v: c for v, c in coeffs.items() if c} | {None: constant}
+    terms = None if form is None else {v: c for v, c in form[0].items() if c} | {None: form[1]}
+    if len(_terms_of) >= 4096:
+        _terms_of.clear()
+    _terms_of[id(e)] = (e, terms)
+    return terms
 
 
 def _view(array, index, env, ranges, letters):

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from halide_ad.runtime.contract import Contraction, _matmul
+from halide_ad.runtime.contract import SMALL_PRODUCT, Contraction, _matmul, _matmul_plan
 
 import halide_ad as hd
 
@@ -42,6 +42,25 @@ def test_matmul_equals_einsum(sa, sb, out, sizes, layout):
     np.testing.assert_allclose(_matmul(va, sa, vb, sb, out), np.einsum(f"{sa},{sb}->{out}", va, vb),
                                rtol=1e-12, atol=1e-12)
 
+
+
+def test_matmul_reads_a_large_operand_in_place():
+    """A weight gradient's cotangent is read where it lies, one product per image summed,
+    rather than transposed into a copy (as it was, three times per step); only an operand
+    of at most SMALL_PRODUCT elements is copied to save batching."""
+    rng = np.random.default_rng(1)
+    dy = rng.standard_normal((2, 8, 70, 70))  # n k i j
+    xs = rng.standard_normal((2, 3, 4, 72, 70))[:, :, :, 1:71]  # n s c i j: a row tap's view of a stacked copy
+    assert dy.size > SMALL_PRODUCT
+    plan = _matmul_plan("nkij", dy.shape, dy.strides, "nscij", xs.shape, xs.strides, "ksc")
+    assert not plan.a.copy and not plan.b.copy and plan.images == "summed"
+    np.testing.assert_allclose(_matmul(dy, "nkij", xs, "nscij", "ksc"), np.einsum("nkij,nscij->ksc", dy, xs),
+                               rtol=1e-10, atol=1e-10)
+    w = rng.standard_normal((8, 4, 3))  # k c s: small, so copied into the order one product needs
+    plan = _matmul_plan("kcs", w.shape, w.strides, "nscij", xs.shape, xs.strides, "nkij")
+    assert plan.images == "batched" and (plan.a.copy or plan.b.copy)
+    np.testing.assert_allclose(_matmul(w, "kcs", xs, "nscij", "nkij"), np.einsum("kcs,nscij->nkij", w, xs),
+                               rtol=1e-10, atol=1e-10)
 
 @hd.func
 def conv(x, w, stride):
