@@ -62,12 +62,15 @@ class Contraction:
         if windows is None and not shifting_taps:
             windows = self._products(arrays, ranges, letters)
         if windows is not None:  # disjoint windows: each is written once, with the sum of its products
-            overwrite = assign and sum(window.size for window, _, _ in windows) == arrays[self.out].size
-            if assign and not overwrite:
-                arrays[self.out].fill(0)
-            for window, so, products in windows:
+            out = arrays[self.out]
+            unwritten = _unwritten([key for key, _, _ in windows], out.shape) if assign else []
+            if unwritten is None:
+                out.fill(0)
+            for at in unwritten or ():  # zeroed, so that the windows need not be added to zeros
+                out[at] = 0
+            for key, so, products in windows:
                 for k, ((va, sa), (vb, sb)) in enumerate(products):
-                    _write(window, _matmul(va, sa, vb, sb, so), self.scale, overwrite and k == 0)
+                    _write(out[key], _matmul(va, sa, vb, sb, so), self.scale, assign and unwritten is not None and k == 0)
             return
         if assign:
             arrays[self.out].fill(0)
@@ -82,7 +85,7 @@ class Contraction:
             _write(vo, full[tuple(v - t.lo for v, t in zip(values, shifting_taps, strict=True))], self.scale, False)
 
     def _products(self, arrays, ranges, letters):
-        """The output's windows, each with the operand pairs whose products sum into it: one pair
+        """The output's windows (their indices and subscripts), each with the operand pairs whose products sum into it: one pair
         per value of the row taps (`_row_taps`), which stay loops around BLAS instead of going
         into the stacked copy."""
         rows = _row_taps(self.taps, (self.a.index, self.b.index))
@@ -94,7 +97,7 @@ class Contraction:
             env = dict(zip((t.var for t in rows), values, strict=True))
             key = tuple(v for t, v in zip(rows, values, strict=True) if t.var in written)
             if key not in windows:
-                windows[key] = (*_view(arrays[self.out], self.out_index, env, ranges, letters), [])
+                windows[key] = (*_window(self.out_index, env, ranges, letters), [])
             windows[key][2].append((operand_a(env), operand_b(env)))
         return list(windows.values())
 
@@ -106,7 +109,7 @@ class Contraction:
         convolution's input gradient). Of the carrier's shifted axes, the last is its lane, whose
         taps are stacked; taps of stride 1 on the others are row taps: one product per tap, on a
         view of the one stacked copy, instead of more copies.
-        Per phase: the output's window, its subscripts and its operand pairs; None where the
+        Per phase: the output's window (its index), its subscripts and its operand pairs; None where the
         indices are not of that form."""
         if not shifting_taps:
             return None
@@ -162,8 +165,7 @@ class Contraction:
             of_phase = {letters[t.var]: slice(first[t.var], first[t.var] + stride[t.var] * (count[t.var] - 1) + 1,
                                               stride[t.var]) for t in lanes}
             wide = ranges | {m: Range(m, ranges[m].lo, ranges[m].hi + count[v] - 1) for v, (m, _) in shifted.items()}
-            out_window, out_subs = _view(arrays[self.out], self.out_index, {v: taps[v].lo + f for v, f in first.items()},
-                                         wide, letters)
+            out_window, out_subs = _window(self.out_index, {v: taps[v].lo + f for v, f in first.items()}, wide, letters)
             products = []
             for ms in itertools.product(*(range(t.extent) for t in rows)):
                 carried = _index(stacked, stacked_subs,
@@ -413,6 +415,12 @@ def _terms(e: Expr) -> dict[Var, int] | None:
 
 def _view(array, index, env, ranges, letters):
     """The strided view of `array` that `index` reads as the non-tap variables run, and its subscripts."""
+    key, subs = _window(index, env, ranges, letters)
+    return array[key], subs
+
+
+def _window(index, env, ranges, letters) -> tuple[tuple, str]:
+    """The index of `_view`'s view (ints and slices, one per axis, then `...`) and its subscripts."""
     slices, subs = [], ""
     for e in index:
         t = _terms(e)
@@ -426,7 +434,24 @@ def _view(array, index, env, ranges, letters):
         start = offset + c * r.lo
         slices.append(slice(start, start + c * (r.hi - r.lo - 1) + 1, c))
         subs += letters[v]
-    return array[tuple(slices) + (Ellipsis,)], subs  # with `...`, a 0-d result is a view, not a copy
+    return tuple(slices) + (Ellipsis,), subs  # with `...`, a 0-d result is a view, not a copy
+
+
+def _unwritten(keys: list[tuple], shape: tuple[int, ...]) -> list[tuple] | None:
+    """What disjoint windows of an array of `shape` (their `_window` indices) leave unwritten,
+    as indices, where the windows tile a box: each axis's indices that no window covers. None
+    where they do not (the phases of a strided output tile one; a window of no points may not)."""
+    covered = [set() for _ in shape]
+    points = 0
+    for key in keys:
+        per_axis = [range(*k.indices(n)) if isinstance(k, slice) else (k,) for k, n in zip(key, shape)]
+        points += math.prod(map(len, per_axis))
+        for axis, at in zip(covered, per_axis):
+            axis.update(at)
+    if points != math.prod(map(len, covered)):
+        return None
+    return [(slice(None),) * a + (sorted(set(range(n)) - axis),) for a, (n, axis) in enumerate(zip(shape, covered))
+            if len(axis) < n]
 
 
 def factors(value: Expr) -> tuple[list[Load], float] | None:

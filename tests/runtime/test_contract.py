@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from halide_ad.runtime.contract import SMALL_PRODUCT, Contraction, _matmul, _matmul_plan
+from halide_ad.runtime.contract import SMALL_PRODUCT, Contraction, _matmul, _matmul_plan, _unwritten
 
 import halide_ad as hd
 
@@ -61,6 +61,7 @@ def test_matmul_reads_a_large_operand_in_place():
     assert plan.images == "batched" and (plan.a.copy or plan.b.copy)
     np.testing.assert_allclose(_matmul(w, "kcs", xs, "nscij", "nkij"), np.einsum("kcs,nscij->nkij", w, xs),
                                rtol=1e-10, atol=1e-10)
+
 
 @hd.func
 def conv(x, w, stride):
@@ -120,6 +121,45 @@ def test_input_gradient_as_correlation_matches_torch(stride, taps, correlations)
     np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
     assert correlations == [True, False], correlations  # the input's gradient; the weight's has no shifted output
 
+
+
+def test_unwritten_parts_of_tiled_windows():
+    even, odd = (slice(0, 63, 2), ...), (slice(1, 62, 2), ...)  # a stride-2 output's phases on 64 points
+    assert _unwritten([even, odd], (64,)) == [([63],)]
+    assert _unwritten([(0, slice(0, 4)), (1, slice(0, 4))], (3, 5)) == [([2],), (slice(None), [4])]
+    assert _unwritten([(slice(0, 8),)], (8,)) == []
+    assert _unwritten([(slice(0, 2), slice(0, 0)), (slice(2, 4), slice(0, 3))], (4, 3)) is None  # not a box
+
+
+def test_strided_input_gradient_zeroes_what_it_does_not_write(monkeypatch):
+    """The stride-2 input gradient writes its phases' windows over whatever the buffer held
+    and zeroes only what no window reaches (x's last row, which no output reads): a buffer
+    recycled dirty still comes out right."""
+    torch = pytest.importorskip("torch")
+    seen = []
+    real = Contraction._correlation
+
+    def spy(self, shifting_taps, arrays, *args):
+        copies = {n: a.copy() for n, a in arrays.items()}
+        parts = real(self, shifting_taps, arrays, *args)
+        if parts is not None:
+            seen.append((self, copies))
+        return parts
+
+    monkeypatch.setattr(Contraction, "_correlation", spy)
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 3, 10, 11)), rng.standard_normal((16, 3, 3, 3))
+    out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 2), x, w)
+    ct = rng.standard_normal(out.shape)
+    vjp_fn(ct)
+    (contraction, arrays), = seen
+    arrays[contraction.out][...] = np.nan
+    contraction.accumulate(arrays, assign=True)
+    gx = arrays[contraction.out]
+    tx = torch.from_numpy(x).requires_grad_()
+    torch.nn.functional.conv2d(tx, torch.from_numpy(w), stride=2).backward(torch.from_numpy(ct))
+    assert not gx[..., 9, :].any()
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_correlation_with_a_constant_offset(dtype, correlations):
