@@ -68,9 +68,10 @@ class Contraction:
                 out.fill(0)
             for at in unwritten or ():  # zeroed, so that the windows need not be added to zeros
                 out[at] = 0
+            overwrite = assign and unwritten is not None
             for key, so, products in windows:
                 for k, ((va, sa), (vb, sb)) in enumerate(products):
-                    _write(out[key], _matmul(va, sa, vb, sb, so), self.scale, assign and unwritten is not None and k == 0)
+                    _write(out[key], _matmul(va, sa, vb, sb, so), self.scale, overwrite and k == 0)
             return
         if assign:
             arrays[self.out].fill(0)
@@ -85,9 +86,9 @@ class Contraction:
             _write(vo, full[tuple(v - t.lo for v, t in zip(values, shifting_taps, strict=True))], self.scale, False)
 
     def _products(self, arrays, ranges, letters):
-        """The output's windows (their indices and subscripts), each with the operand pairs whose products sum into it: one pair
-        per value of the row taps (`_row_taps`), which stay loops around BLAS instead of going
-        into the stacked copy."""
+        """The output's windows (their indices and subscripts), each with the operand pairs whose
+        products sum into it: one pair per value of the row taps (`_row_taps`), which stay loops
+        around BLAS instead of going into the stacked copy."""
         rows = _row_taps(self.taps, (self.a.index, self.b.index))
         operand_a = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, rows)
         operand_b = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, rows)
@@ -109,8 +110,8 @@ class Contraction:
         convolution's input gradient). Of the carrier's shifted axes, the last is its lane, whose
         taps are stacked; taps of stride 1 on the others are row taps: one product per tap, on a
         view of the one stacked copy, instead of more copies.
-        Per phase: the output's window (its index), its subscripts and its operand pairs; None where the
-        indices are not of that form."""
+        Per phase: the output's window (its index), its subscripts and its operand pairs; None
+        where the indices are not of that form."""
         if not shifting_taps:
             return None
         taps = {t.var: t for t in shifting_taps}
@@ -165,7 +166,8 @@ class Contraction:
             of_phase = {letters[t.var]: slice(first[t.var], first[t.var] + stride[t.var] * (count[t.var] - 1) + 1,
                                               stride[t.var]) for t in lanes}
             wide = ranges | {m: Range(m, ranges[m].lo, ranges[m].hi + count[v] - 1) for v, (m, _) in shifted.items()}
-            out_window, out_subs = _window(self.out_index, {v: taps[v].lo + f for v, f in first.items()}, wide, letters)
+            starts = {v: taps[v].lo + f for v, f in first.items()}
+            out_window, out_subs = _window(self.out_index, starts, wide, letters)
             products = []
             for ms in itertools.product(*(range(t.extent) for t in rows)):
                 carried = _index(stacked, stacked_subs,
@@ -333,30 +335,31 @@ def _matmul_plan(sa: str, shape_a, strides_a, sb: str, shape_b, strides_b, out: 
     free_a, free_b = memory_order(a, free_a), memory_order(b, free_b)
     outer = memory_order(big, big[0])[0] if big[0] else None
 
-    def operand(o, groups, copy) -> _Operand | None:
+    def operand(o, groups, copy: str) -> _Operand | None:
+        """`o` as (batch, rows, columns) from its letters in `groups`; `copy`: "never", "if
+        needed" (where the groups' axes do not merge) or "always"."""
         subs, shape, strides = o
         groups = [[c for c in groups[0] if c in subs], *groups[1:]]
         order = [c for group in groups for c in group]
-        needs_copy = copy is True or not _mergeable(subs, shape, strides, groups)
-        if needs_copy and not copy:
+        copied = copy == "always" or not _mergeable(subs, shape, strides, groups)
+        if copied and copy == "never":
             return None
         return _Operand(tuple(subs.index(c) for c in order),
-                        tuple(math.prod(size[c] for c in group) for group in groups), needs_copy)
+                        tuple(math.prod(size[c] for c in group) for group in groups), copied)
 
-    def layout(batch, copy):
+    def layout(batch, copy_small, copy_big="never"):
         fa, fb, s = ([c for c in x if c not in batch] for x in (free_a, free_b, summed))
-        oa = operand(a, [batch, fa, s], copy if a is small else False)
-        ob = operand(b, [batch, s, fb], copy if b is small else False)
+        oa = operand(a, [batch, fa, s], copy_small if a is small else copy_big)
+        ob = operand(b, [batch, s, fb], copy_small if b is small else copy_big)
         return None if oa is None or ob is None else (oa, ob, batch, fa, fb)
 
     # views beat a copy, except that a small operand is cheaper to copy than the product to batch
-    tries = [([], False), ([], "if needed")] if math.prod(small[1]) <= SMALL_PRODUCT else [([], False)]
+    tries = [([], "never"), ([], "if needed")] if math.prod(small[1]) <= SMALL_PRODUCT else [([], "never")]
     if outer is not None and size[outer] > 1:
-        tries += [([outer], False), ([outer], "if needed")]
+        tries += [([outer], "never"), ([outer], "if needed")]
     found = next(filter(None, (layout(batch, copy) for batch, copy in tries)), None)
-    if found is None:  # a copy of the larger operand is unavoidable
-        found = (operand(a, [[], free_a, summed], True), operand(b, [[], summed, free_b], True), [], free_a, free_b)
-    oa, ob, batch, free_a, free_b = found
+    # else the larger operand is copied as well
+    oa, ob, batch, free_a, free_b = found or layout([], "if needed", "if needed")
     letters = free_a + free_b
     images = "summed" if batch and batch[0] not in out else "batched"
     if batch and images == "batched":
@@ -450,8 +453,8 @@ def _unwritten(keys: list[tuple], shape: tuple[int, ...]) -> list[tuple] | None:
             axis.update(at)
     if points != math.prod(map(len, covered)):
         return None
-    return [(slice(None),) * a + (sorted(set(range(n)) - axis),) for a, (n, axis) in enumerate(zip(shape, covered))
-            if len(axis) < n]
+    return [(slice(None),) * a + (sorted(set(range(n)) - axis),)
+            for a, (n, axis) in enumerate(zip(shape, covered)) if len(axis) < n]
 
 
 def factors(value: Expr) -> tuple[list[Load], float] | None:

@@ -50,7 +50,7 @@ def test_matmul_reads_a_large_operand_in_place():
     of at most SMALL_PRODUCT elements is copied to save batching."""
     rng = np.random.default_rng(1)
     dy = rng.standard_normal((2, 8, 70, 70))  # n k i j
-    xs = rng.standard_normal((2, 3, 4, 72, 70))[:, :, :, 1:71]  # n s c i j: a row tap's view of a stacked copy
+    xs = rng.standard_normal((2, 3, 4, 72, 70))[:, :, :, 1:71]  # n s c i j: a row tap's view of a stack
     assert dy.size > SMALL_PRODUCT
     plan = _matmul_plan("nkij", dy.shape, dy.strides, "nscij", xs.shape, xs.strides, "ksc")
     assert not plan.a.copy and not plan.b.copy and plan.images == "summed"
