@@ -10,6 +10,7 @@ HALIDE_AD_POOL_BYTES caps the bytes kept (default 1 GiB; 0 turns recycling off).
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -29,7 +30,7 @@ class BufferPool:
     def empty(self, shape: tuple[int, ...], dtype) -> np.ndarray:
         """An uninitialized array: a recycled one when a free one of this shape and dtype exists."""
         dtype = np.dtype(dtype)
-        if self.max_bytes <= 0 or dtype.itemsize * int(np.prod(shape)) < MIN_POOLED_BYTES:
+        if self.max_bytes <= 0 or dtype.itemsize * math.prod(shape) < MIN_POOLED_BYTES:
             return np.empty(shape, dtype)
         with self.lock:
             for k in range(len(self.arrays)):  # (enumerate's reused tuple would hold a reference)
