@@ -8,6 +8,9 @@ an offset is stacked once per tap of its last offset axis (s: a third of im2col'
 other taps (r) loop around BLAS calls on views of that copy; an output written at an offset
 gets one window per tap added (col2im). `_matmul` lays each product out as BLAS calls on views,
 batched over the image index, so that neither the operands nor the products are copied again.
+All of that depends on the shapes and dtypes alone: a contraction works it out once, on
+stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and products, and
+each call runs the plan (the Python that derives it cost ~1 ms of a convolution's gradient).
 """
 from __future__ import annotations
 
@@ -51,47 +54,50 @@ class Contraction:
 
         BLAS products over all taps (`_matmul`). Taps that shift the output window (as in a
         convolution's input gradient) move onto the operand that carries the window
-        (`_correlation`); where they cannot, their products are added window by window."""
+        (`_correlation`); where they cannot, their products are added window by window. Which
+        views, copies and products that takes depends on the shapes and dtypes alone: it is
+        worked out once (`_plan`), and each call only runs it."""
         shapes = dict(self.shapes)
         arrays = {n: buffers[n].reshape(shapes[n]) for n in (self.out, self.a.buffer, self.b.buffer)}
+        dtypes = tuple(arrays[n].dtype for n in (self.out, self.a.buffer, self.b.buffer))
+        plans = self.__dict__.setdefault("_plans", {})  # frozen, but a cache is not a field
+        if dtypes not in plans:
+            plans[dtypes] = self._plan({n: a.dtype for n, a in arrays.items()})
+        plans[dtypes].run(arrays, self.scale, assign)
+
+    def _plan(self, dtypes: dict[str, np.dtype]) -> _Plan:
+        shapes = dict(self.shapes)
+        plan = _Plan(self.out)
+        arrays = {n: _Lazy(n, (), _stand_in(shapes[n], dtypes[n])) for n in dtypes}
         ranges = {r.var: r for r in self.domain}
         letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
         shifting = {v for e in self.out_index for v in _offset_vars(_terms(e))}
         shifting_taps = [t for t in self.taps if t.var in shifting]
-        windows = self._correlation(shifting_taps, arrays, ranges, letters)
+        windows = self._correlation(shifting_taps, arrays, ranges, letters, plan)
         if windows is None and not shifting_taps:
-            windows = self._products(arrays, ranges, letters)
+            windows = self._products(arrays, ranges, letters, plan)
         if windows is not None:  # disjoint windows: each is written once, with the sum of its products
-            out = arrays[self.out]
-            unwritten = _unwritten([key for key, _, _ in windows], out.shape) if assign else []
-            if unwritten is None:
-                out.fill(0)
-            for at in unwritten or ():  # zeroed, so that the windows need not be added to zeros
-                out[at] = 0
-            overwrite = assign and unwritten is not None
-            for key, so, products in windows:
-                for k, ((va, sa), (vb, sb)) in enumerate(products):
-                    _write(out[key], _matmul(va, sa, vb, sb, so), self.scale, overwrite and k == 0)
-            return
-        if assign:
-            arrays[self.out].fill(0)
-        va, sa = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, ())({})
-        vb, sb = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, ())({})
-        so = _view(arrays[self.out], self.out_index, {t.var: t.lo for t in shifting_taps}, ranges, letters)[1]
-        lead = "".join(letters[t.var] for t in shifting_taps)
-        full = _matmul(va, sa, vb, sb, lead + so)
+            plan.windows = windows
+            plan.unwritten = _unwritten([key for key, _, _ in windows], shapes[self.out])
+            return plan
+        va, sa = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, (), plan)({})
+        vb, sb = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, (), plan)({})
+        so = _window(self.out_index, {t.var: t.lo for t in shifting_taps}, ranges, letters)[1]
+        windows = []
         for values in itertools.product(*(range(t.lo, t.hi) for t in shifting_taps)):
             env = dict(zip((t.var for t in shifting_taps), values, strict=True))
-            vo = _view(arrays[self.out], self.out_index, env, ranges, letters)[0]
-            _write(vo, full[tuple(v - t.lo for v, t in zip(values, shifting_taps, strict=True))], self.scale, False)
+            windows.append((_window(self.out_index, env, ranges, letters)[0],
+                            tuple(v - t.lo for v, t in zip(values, shifting_taps, strict=True))))
+        plan.sums = (va, sa, vb, sb, "".join(letters[t.var] for t in shifting_taps) + so, windows)
+        return plan
 
-    def _products(self, arrays, ranges, letters):
+    def _products(self, arrays, ranges, letters, plan):
         """The output's windows (their indices and subscripts), each with the operand pairs whose
         products sum into it: one pair per value of the row taps (`_row_taps`), which stay loops
         around BLAS instead of going into the stacked copy."""
         rows = _row_taps(self.taps, (self.a.index, self.b.index))
-        operand_a = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, rows)
-        operand_b = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, rows)
+        operand_a = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, rows, plan)
+        operand_b = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, rows, plan)
         written = _used(self.out_index)
         windows: dict[tuple, tuple] = {}
         for values in itertools.product(*(range(t.lo, t.hi) for t in rows)):
@@ -102,7 +108,7 @@ class Contraction:
             windows[key][2].append((operand_a(env), operand_b(env)))
         return list(windows.values())
 
-    def _correlation(self, shifting_taps, arrays, ranges, letters):
+    def _correlation(self, shifting_taps, arrays, ranges, letters, plan):
         """`out[s*i + r] += a[i] * b[r]` as correlations, `out[s*u + f] += sum_m a_padded[u - m] *
         b[s*m + f]`, one per phase f of the stride s: the operand that carries the output's
         window is zero-padded and stacked once per tap, so that the products of a phase, with the
@@ -143,9 +149,10 @@ class Contraction:
         rows = [t for t in shifting_taps if stride[t.var] == 1 and axis[t.var] != lane]
         lanes = [t for t in shifting_taps if t not in rows]
         pad = {axis[v]: -(-t.extent // stride[v]) - 1 for v, t in taps.items()}  # most taps of a phase, less 1
-        padded = pool.empty(tuple(n + 2 * pad.get(c, 0) for c, n in zip(subs, view.shape)), view.dtype)
-        padded.fill(0)
-        padded[tuple(slice(pad.get(c, 0), pad.get(c, 0) + n) for c, n in zip(subs, view.shape))] = view
+        padded = plan.temporary(tuple(n + 2 * pad.get(c, 0) for c, n in zip(subs, view.shape)), view.dtype,
+                                zero=True)
+        interior = tuple(slice(pad.get(c, 0), pad.get(c, 0) + n) for c, n in zip(subs, view.shape))
+        plan.copy(padded[interior], view)
         extent = dict(zip(subs, view.shape))
         other_view, other_subs = _view(arrays[other.buffer], other.index, {}, ranges, letters)
         windows = []
@@ -162,7 +169,7 @@ class Contraction:
                 at = {axis[t.var]: window(m, t.var) for t, m in zip(lanes, ms, strict=True)}
                 copies.append(padded[tuple(at.get(c, slice(None)) for c in subs)])
             stacked, stacked_subs = _stacked(copies, subs, "".join(letters[t.var] for t in lanes),
-                                             [count[t.var] for t in lanes])
+                                             [count[t.var] for t in lanes], plan)
             of_phase = {letters[t.var]: slice(first[t.var], first[t.var] + stride[t.var] * (count[t.var] - 1) + 1,
                                               stride[t.var]) for t in lanes}
             wide = ranges | {m: Range(m, ranges[m].lo, ranges[m].hi + count[v] - 1) for v, (m, _) in shifted.items()}
@@ -178,7 +185,7 @@ class Contraction:
             windows.append((out_window, out_subs, products))
         return windows
 
-    def _operand(self, array, index, ranges, letters, rows):
+    def _operand(self, array, index, ranges, letters, rows, plan):
         """The operand's view as a function of the row taps' values. Other taps it reads at an
         offset (x[n, c, i + r]) become axes of a stacked copy (im2col) right after its first axis
         (x_stacked[n, r, c, i]), so that they go into BLAS calls batched over that axis (see
@@ -197,13 +204,98 @@ class Contraction:
         views = [_view(array, index, starts | dict(zip((t.var for t in stacked), values, strict=True)), wide, letters)
                  for values in combos]
         data, subs = _stacked([v for v, _ in views], views[0][1], "".join(letters[t.var] for t in stacked),
-                              [t.extent for t in stacked])
+                              [t.extent for t in stacked], plan)
 
         def at(env):
             window = {letters[mains[t.var]]: slice(env[t.var] - t.lo, env[t.var] - t.lo + ranges[mains[t.var]].extent)
                       for t in shifted}
             return _index(data, subs, window)
         return at
+
+
+class _Lazy:
+    """An array that a plan reads at run time, a buffer or a temporary, indexed and reshaped
+    as the plan was built: how to get it (`__call__`), and a stand-in of its shape and dtype
+    (zero strides: no memory) that the plan is built with."""
+    __slots__ = ("source", "ops", "stand_in")
+
+    def __init__(self, source: str | int, ops: tuple, stand_in: np.ndarray):
+        self.source, self.ops, self.stand_in = source, ops, stand_in
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.stand_in.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.stand_in.dtype
+
+    def __getitem__(self, key) -> _Lazy:
+        return _Lazy(self.source, self.ops + ((False, key),), self.stand_in[key])
+
+    def reshape(self, shape: tuple[int, ...]) -> _Lazy:
+        return _Lazy(self.source, self.ops + ((True, shape),), _stand_in(shape, self.dtype))
+
+    def __call__(self, sources: dict) -> np.ndarray:
+        a = sources[self.source]
+        for reshape, arg in self.ops:
+            a = a.reshape(arg) if reshape else a[arg]
+        return a
+
+
+def _stand_in(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An array of this shape and dtype that takes no memory (every stride 0), to index."""
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+class _Plan:
+    """A contraction's work for given shapes and dtypes: temporaries to allocate, copies into
+    them (zero-padded operands, stacked windows) in order, then BLAS products written to the
+    output's windows (`windows`: disjoint, each with the sum of its products), or else one
+    product whose slices are added window by window (`sums`)."""
+
+    def __init__(self, out: str):
+        self.out = out
+        self.temporaries: list[tuple[tuple[int, ...], np.dtype, bool]] = []
+        self.copies: list[tuple[_Lazy, _Lazy]] = []
+        self.windows: list | None = None
+        self.unwritten: list[tuple] | None = None
+        self.sums: tuple | None = None
+
+    def temporary(self, shape: tuple[int, ...], dtype, *, zero: bool = False) -> _Lazy:
+        self.temporaries.append((shape, dtype, zero))
+        return _Lazy(len(self.temporaries) - 1, (), _stand_in(shape, dtype))
+
+    def copy(self, dst: _Lazy, src: _Lazy) -> None:
+        self.copies.append((dst, src))
+
+    def run(self, arrays: dict[str, np.ndarray], scale: float, assign: bool) -> None:
+        sources: dict = dict(arrays)
+        for k, (shape, dtype, zero) in enumerate(self.temporaries):
+            sources[k] = pool.empty(shape, dtype)
+            if zero:
+                sources[k].fill(0)
+        for dst, src in self.copies:
+            np.copyto(dst(sources), src(sources))
+        out = arrays[self.out]
+        if self.windows is not None:
+            unwritten = self.unwritten if assign else []
+            if unwritten is None:
+                out.fill(0)
+            for at in unwritten or ():  # zeroed, so that the windows need not be added to zeros
+                out[at] = 0
+            overwrite = assign and unwritten is not None
+            for key, so, products in self.windows:
+                for k, ((va, sa), (vb, sb)) in enumerate(products):
+                    product = _matmul(va(sources), sa, vb(sources), sb, so)
+                    _write(out[key], product, scale, overwrite and k == 0)
+            return
+        if assign:
+            out.fill(0)
+        va, sa, vb, sb, subs, windows = self.sums
+        full = _matmul(va(sources), sa, vb(sources), sb, subs)
+        for key, at in windows:
+            _write(out[key], full[at], scale, False)
 
 
 def _row_taps(taps: tuple[Range, ...], indices) -> list[Range]:
@@ -244,16 +336,17 @@ def _index(view: np.ndarray, subs: str, at: dict) -> tuple[np.ndarray, str]:
             "".join(c for c in subs if not isinstance(at.get(c), int)))
 
 
-def _stacked(windows: list[np.ndarray], subs: str, tap_subs: str, extents: list[int]) -> tuple[np.ndarray, str]:
-    """The windows copied into one array, their taps as axes right after the first axis (im2col),
-    so that all taps go into BLAS calls batched over that axis (see `_matmul`), and its subscripts."""
+def _stacked(windows: list[_Lazy], subs: str, tap_subs: str, extents: list[int],
+             plan: _Plan) -> tuple[_Lazy, str]:
+    """The windows copied into one temporary, their taps as axes right after the first axis
+    (im2col), so that all taps go into BLAS calls batched over that axis (see `_matmul`), and
+    its subscripts."""
     shape = windows[0].shape
     at = min(1, len(shape))
-    data = pool.empty(shape[:at] + (len(windows),) + shape[at:], windows[0].dtype)
+    data = plan.temporary(shape[:at] + (len(windows),) + shape[at:], windows[0].dtype)
     for k, view in enumerate(windows):
-        np.copyto(data[(slice(None),) * at + (k,)], view)
-    data = data.reshape(shape[:at] + tuple(extents) + shape[at:])
-    return data, subs[:at] + tap_subs + subs[at:]
+        plan.copy(data[(slice(None),) * at + (k,)], view)
+    return data.reshape(shape[:at] + tuple(extents) + shape[at:]), subs[:at] + tap_subs + subs[at:]
 
 
 def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: bool) -> None:

@@ -92,7 +92,20 @@ def conv1d_shifted(x, w):
 
 
 @pytest.fixture
-def correlations(monkeypatch):
+def fresh_plans(monkeypatch):
+    """Every call plans its contraction anew: plans outlive a test with the kernels they belong
+    to, and the spies below watch planning."""
+    real = Contraction.accumulate
+
+    def accumulate(self, buffers, **kwargs):
+        self.__dict__.pop("_plans", None)
+        return real(self, buffers, **kwargs)
+
+    monkeypatch.setattr(Contraction, "accumulate", accumulate)
+
+
+@pytest.fixture
+def correlations(monkeypatch, fresh_plans):
     """How many contractions took `_correlation` (one product per stride phase, no window sums)."""
     taken = []
     real = Contraction._correlation
@@ -137,29 +150,49 @@ def test_strided_input_gradient_zeroes_what_it_does_not_write(monkeypatch):
     recycled dirty still comes out right."""
     torch = pytest.importorskip("torch")
     seen = []
-    real = Contraction._correlation
+    real = Contraction.accumulate
 
-    def spy(self, shifting_taps, arrays, *args):
-        copies = {n: a.copy() for n, a in arrays.items()}
-        parts = real(self, shifting_taps, arrays, *args)
-        if parts is not None:
-            seen.append((self, copies))
-        return parts
+    def spy(self, buffers, **kwargs):
+        seen.append((self, {n: a.copy() for n, a in buffers.items()}))
+        return real(self, buffers, **kwargs)
 
-    monkeypatch.setattr(Contraction, "_correlation", spy)
+    monkeypatch.setattr(Contraction, "accumulate", spy)
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((2, 3, 10, 11)), rng.standard_normal((16, 3, 3, 3))
     out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 2), x, w)
     ct = rng.standard_normal(out.shape)
     vjp_fn(ct)
-    (contraction, arrays), = seen
+    (contraction, arrays), = [(c, a) for c, a in seen if a[c.out].size == x.size]  # the input's gradient
     arrays[contraction.out][...] = np.nan
-    contraction.accumulate(arrays, assign=True)
-    gx = arrays[contraction.out]
+    real(contraction, arrays, assign=True)
+    gx = arrays[contraction.out].reshape(x.shape)
     tx = torch.from_numpy(x).requires_grad_()
     torch.nn.functional.conv2d(tx, torch.from_numpy(w), stride=2).backward(torch.from_numpy(ct))
     assert not gx[..., 9, :].any()
     np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_a_contraction_is_planned_once(monkeypatch):
+    """The views, copies and products are worked out on the first call; later calls with new
+    numbers run that plan, and get their own right answers."""
+    torch = pytest.importorskip("torch")
+    planned = []
+    real = Contraction._plan
+    monkeypatch.setattr(Contraction, "_plan", lambda self, dtypes: planned.append(self.out) or real(self, dtypes))
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((1, 3, 13, 12)), rng.standard_normal((16, 3, 3, 3))  # shapes no other test traces
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    ty = torch.nn.functional.conv2d(tx, tw, stride=2)
+    out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 2), x, w)
+    for step in range(3):
+        ct = rng.standard_normal(out.shape)
+        gx, gw = vjp_fn(ct)
+        if step == 0:
+            first = list(planned)
+        tgx, tgw = torch.autograd.grad(ty, (tx, tw), torch.from_numpy(ct), retain_graph=True)
+        np.testing.assert_allclose(gx, tgx.numpy(), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(gw, tgw.numpy(), rtol=1e-10, atol=1e-10)
+    assert sorted(first) == ["adj_w", "adj_x"] and planned == first, planned  # each gradient, once
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_correlation_with_a_constant_offset(dtype, correlations):
@@ -179,7 +212,7 @@ def test_correlation_with_a_constant_offset(dtype, correlations):
 
 
 @pytest.fixture
-def stacked_copies(monkeypatch):
+def stacked_copies(monkeypatch, fresh_plans):
     """How many windows each stacked copy (im2col) holds."""
     from halide_ad.runtime import contract
     sizes = []
