@@ -66,6 +66,7 @@ class Contraction:
         plans[dtypes].run(arrays, self.scale, assign)
 
     def _plan(self, dtypes: dict[str, np.dtype]) -> _Plan:
+        """The work for buffers of these dtypes (see `_Plan`), derived on stand-in arrays."""
         shapes = dict(self.shapes)
         plan = _Plan(self.out)
         arrays = {n: _Lazy(n, (), _stand_in(shapes[n], dtypes[n])) for n in dtypes}
