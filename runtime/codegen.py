@@ -26,9 +26,10 @@ from halide_ad.traverse import walk
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
-_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "start", "stop",
+_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
+             "tap", "start", "stop",
              "parallel_for", "kernel"}
-_LOCAL = re.compile(r"h\d+|f32_\d+|stage\d+")  # hoisted loads, float32 literals, staged adjoints
+_LOCAL = re.compile(r"h\d+|f32_\d+|tab_\d+|stage\d+")  # hoisted loads, literals, tables, staged adjoints
 
 
 @dataclass
@@ -40,9 +41,10 @@ class Emitter:
     out: Writer = field(default_factory=Writer)
     used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
     hoisted: dict[Load, str] = field(default_factory=dict)  # loads already held in a local
-    # float32 literals, defined once at module level: numba freezes globals into constants, and
-    # typing an np.float32(...) call at every use made big kernels compile ~25% slower
-    float32s: dict[str, str] = field(default_factory=dict)
+    # float32 literals and constant tables, defined once at module level: numba freezes globals
+    # into constants, and typing an np.float32(...) call at every use made big kernels compile
+    # ~25% slower. Text -> name.
+    literals: dict[str, str] = field(default_factory=dict)
     # adjoints kept one plane at a time in a local array (see `_stage_depth`): buffer -> (the
     # leading dimensions the enclosing loops fix, the local's name)
     staged: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -67,7 +69,11 @@ class Emitter:
             "np.nan" if value != value else repr(float(value))
         if dtype != "float32":
             return text
-        return self.float32s.setdefault(f"np.float32({text})", f"f32_{len(self.float32s)}")
+        return self.literals.setdefault(f"np.float32({text})", f"f32_{len(self.literals)}")
+
+    def table(self, rows: list[list], dtype: str) -> str:
+        """A module-level constant array of these rows."""
+        return self.literals.setdefault(f"np.array({rows!r}, np.{dtype})", f"tab_{len(self.literals)}")
 
     def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
         if buffer in self.staged:
@@ -210,7 +216,7 @@ def _function(em: Emitter, entry: str) -> str:
     functions (`_outline`), and `entry` itself is the Python that calls them in order."""
     names = [*em.used, "status"]
     helpers, body = _outline(em.out.lines, entry, names)
-    literals = "".join(f"{name} = {text}\n" for text, name in em.float32s.items())
+    literals = "".join(f"{name} = {text}\n" for text, name in em.literals.items())
     return literals + "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(body) + "\n"
 
 
@@ -520,8 +526,14 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
             em.hoisted.clear()
             w.depth = depth_
 
-    # the points outside the box, but for the columns
-    regions([r for r in split.outside if not is_column(r[0])], False)
+    # the points outside the box, but for the columns; lone points (a plane's corners) whose
+    # gathers are constant taps share one loop over tables of their taps
+    around = [r for r in split.outside if not is_column(r[0])]
+    points = _tabled_points(around, vars_[first:], em)
+    regions([r for r in around if not any(r is p for p in points)], False)
+    if points:
+        _emit_tabled_points(w, em, points, vars_[first:], body)
+        w.depth = level
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box, where the last box dimension runs the
         # spans below and above it if the outer ones are inside it, else its whole extent
@@ -676,6 +688,80 @@ def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
     for d in dims:
         _open_loop(w, em.name(vars_[d]), f"0, {shape[d]}", d == par)
     inner()
+
+
+def _tabled_points(regions, dims, em: Emitter) -> list:
+    """The regions among `regions` that are single points in `dims` and whose gathers are only
+    constant times loads of one buffer at one leading index, the rest constants (the corners of a
+    bilinear gradient's planes: 9 taps each). Two or more such run as one loop over tables of
+    their taps: a specialized copy of the body per corner cost numba as much to compile as an
+    edge's loop. None unless there are two."""
+    points = []
+    for region, gs in regions:
+        if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:
+            continue
+        taps = _constant_taps(gs)
+        if taps is not None:
+            points.append((region, gs, taps))
+    heads = {(t[0].buffer, t[0].index[:t[1]], t[0].dtype, t[1]) for _, _, taps in points for t in taps[:1]}
+    if len(points) < 2 or len(heads) != 1 or next(iter(heads))[0] in em.staged:
+        return []
+    chosen = {id(region) for region, _, _ in points}
+    return [r for r in regions if id(r[0]) in chosen]
+
+
+def _constant_taps(gs) -> list[tuple[Load, int, float]] | None:
+    """(load, where its constant indices start, weight) for each load the gathers read, or None
+    unless every piece is unguarded, loop-free, a constant times one load, and every load's index
+    is the same leading expressions (no run-time check among them), then constants."""
+    taps = []
+    for g in gs:
+        for p in g.pieces:
+            f = None if p.loops or any(p.guards) else factors(p.value)
+            if f is None or len(f[0]) != 1:
+                return None
+            (load,), scale = f
+            lead = len(load.index)
+            while lead and isinstance(load.index[lead - 1], Const):
+                lead -= 1
+            if (lead == len(load.index) or load.dtype != dtype_of(p.value)
+                    or any(checked_at_run_time(e) for e in load.index[:lead])):
+                return None
+            taps.append((load, lead, scale))
+    if not taps or len({(t[0].buffer, t[0].index[:t[1]], t[1]) for t in taps}) != 1:
+        return None
+    weights: dict[Load, float] = {}  # a load read by several gathers is one tap
+    for load, _, scale in taps:
+        weights[load] = weights.get(load, 0.0) + scale
+    return [(load, taps[0][1], scale) for load, scale in weights.items()]
+
+
+def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
+    """One loop over the points: each point's position, and its taps' constant indices and
+    weights, read from module-level tables; `body` stores the sum."""
+    per_point = [_constant_taps(gs) for _, gs in points]
+    load, lead, _ = per_point[0][0]
+    width = max(len(taps) for taps in per_point)
+    at = [v for v in dims if v in points[0][0]]
+    where = em.table([[region[v][0] for v in at] for region, _ in points], "int64")
+    tail = len(load.index) - lead
+    # rows padded to the longest; a point runs only its own count of taps (a padding tap at weight
+    # 0 would still turn an inf it read into nan)
+    index = em.table([[[e.value for e in t[0].index[lead:]] for t in taps] + [[0] * tail] * (width - len(taps))
+                      for taps in per_point], "int64")
+    weight = em.table([[t[2] for t in taps] + [0.0] * (width - len(taps)) for taps in per_point], load.dtype)
+    count = em.table([len(taps) for taps in per_point], "int64")
+    w.line(f"for point in range({len(points)}):")
+    w.depth += 1
+    for k, v in enumerate(at):
+        w.line(f"{em.name(v)} = {where}[point, {k}]")
+    w.line(f"taps = {em.const(0, load.dtype)}")
+    w.line(f"for tap in range({count}[point]):")
+    lead_text = [em.expr(e) for e in load.index[:lead]]
+    rest = [f"{index}[point, tap, {k}]" for k in range(tail)]
+    w.line(f"    taps += {load.buffer}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
+    em.used.setdefault(load.buffer, None)
+    body([], terms=["taps"])
 
 
 def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str) -> None:

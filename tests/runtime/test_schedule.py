@@ -1,6 +1,7 @@
 """Scheduling of gradient kernels: strided windows in phases, pointwise adjoints not stored.
 Each schedule is checked for its shape in the generated source and against the serial scatter
 reference (odd sizes, so that boundaries and partial periods run)."""
+import ast
 import re
 
 import numpy as np
@@ -175,6 +176,42 @@ def test_boundary_regions_fold_to_constants(fn, shape):
     _matches_scatter_reference(fn, x)
     hd.check_grad(fn, x)
 
+
+
+@hd.func
+def bilinear2x_planes(x):
+    """bilinear2x on each (n, c) plane."""
+    e = hd.repeat_edge(x)
+
+    def taps(i):
+        w = hd.where(i % 2 == 0, 0.25, 0.75)
+        return ((i - 1) // 2, w), ((i + 1) // 2, 1 - w)
+
+    def pixel(n, c, i, j):
+        (y0, wy0), (y1, wy1) = taps(i)
+        (x0, wx0), (x1, wx1) = taps(j)
+        return (wy0 * (wx0 * e[n, c, y0, x0] + wx1 * e[n, c, y0, x1])
+                + wy1 * (wx0 * e[n, c, y1, x0] + wx1 * e[n, c, y1, x1]))
+
+    N, C, H, W = x.shape
+    return hd.compute((N, C, 2 * H, 2 * W), pixel)
+
+
+@pytest.mark.parametrize("fn, shape, dtype", [(bilinear2x, (5, 7), np.float64),
+                                              (bilinear2x_planes, (2, 3, 5, 7), np.float64),
+                                              (bilinear2x_planes, (2, 3, 6, 4), np.float32)])
+def test_corners_share_one_loop_over_tables(fn, shape, dtype):
+    """The corners of a bilinear gradient's planes are constant taps: one loop reads each
+    corner's position, taps and weights from module-level tables, instead of a copy of the body
+    per corner (which cost numba as much to compile as an edge's loop)."""
+    x = (np.arange(np.prod(shape)) * 7 % 11 - 5).astype(dtype).reshape(shape)
+    source = hd.explain(fn, x).backward_source
+    h, w = shape[-2:]
+    assert "for point in range(4):" in source, source
+    table = re.search(r"^tab_\d+ = np\.array\((\[\[\d+, \d+\](, \[\d+, \d+\])*\]), np\.int64\)", source, re.M)
+    corners = [[0, 0], [0, w - 1], [h - 1, 0], [h - 1, w - 1]]
+    assert table and sorted(ast.literal_eval(table.group(1))) == corners, source
+    _matches_scatter_reference(fn, x)
 
 @pytest.mark.parametrize("box, extents", [
     ({"a": (1, 6), "b": (2, 9)}, {"a": 8, "b": 12}),  # few edge values: one region each
