@@ -530,7 +530,8 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
     points = _tabled_points(around, vars_[first:], em)
-    regions([r for r in around if not any(r is p for p in points)], False)
+    tabled = {id(region) for region, _ in points}
+    regions([r for r in around if id(r[0]) not in tabled], False)
     if points:
         _emit_tabled_points(w, em, points, vars_[first:], body)
         w.depth = level
@@ -691,23 +692,22 @@ def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
 
 
 def _tabled_points(regions, dims, em: Emitter) -> list:
-    """The regions among `regions` that are single points in `dims` and whose gathers are only
-    constant times loads of one buffer at one leading index, the rest constants (the corners of a
-    bilinear gradient's planes: 9 taps each). Two or more such run as one loop over tables of
-    their taps: a specialized copy of the body per corner cost numba as much to compile as an
-    edge's loop. None unless there are two."""
+    """(region, its taps) for the regions among `regions` that are single points in `dims` and
+    whose gathers are only constant times loads of one buffer at one leading index, the rest
+    constants (the corners of a bilinear gradient's planes: 9 taps each). Two or more such run
+    as one loop over tables of their taps: a specialized copy of the body per corner cost numba
+    as much to compile as an edge's loop. None unless there are two."""
     points = []
     for region, gs in regions:
         if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:
             continue
         taps = _constant_taps(gs)
         if taps is not None:
-            points.append((region, gs, taps))
-    heads = {(t[0].buffer, t[0].index[:t[1]], t[0].dtype, t[1]) for _, _, taps in points for t in taps[:1]}
+            points.append((region, taps))
+    heads = {(t[0].buffer, t[0].index[:t[1]], t[0].dtype, t[1]) for _, taps in points for t in taps[:1]}
     if len(points) < 2 or len(heads) != 1 or next(iter(heads))[0] in em.staged:
         return []
-    chosen = {id(region) for region, _, _ in points}
-    return [r for r in regions if id(r[0]) in chosen]
+    return points
 
 
 def _constant_taps(gs) -> list[tuple[Load, int, float]] | None:
@@ -737,9 +737,9 @@ def _constant_taps(gs) -> list[tuple[Load, int, float]] | None:
 
 
 def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
-    """One loop over the points: each point's position, and its taps' constant indices and
-    weights, read from module-level tables; `body` stores the sum."""
-    per_point = [_constant_taps(gs) for _, gs in points]
+    """One loop over the points (`_tabled_points`): each point's position, and its taps'
+    constant indices and weights, read from module-level tables; `body` stores the sum."""
+    per_point = [taps for _, taps in points]
     load, lead, _ = per_point[0][0]
     width = max(len(taps) for taps in per_point)
     at = [v for v in dims if v in points[0][0]]
