@@ -39,6 +39,10 @@ def _context() -> z3.Context:
     deleting one per query took 4 ms: 40% of the bilinear gradient's solving."""
     if not hasattr(_local, "context"):
         _local.context = z3.Context()
+        # z3's default solver first picks a strategy for the query's logic; for these small
+        # linear queries with div, mod and uninterpreted loads, its SMT core alone gave the same
+        # answers 2.6x as fast (the benchmark cases' 520 queries: 1.17 s against 0.45 s)
+        _local.tactic = z3.Tactic("smt", ctx=_local.context)
     return _local.context
 
 
@@ -51,7 +55,7 @@ class Query:
         if self.timeout_ms is None:
             self.timeout_ms = DEFAULT_TIMEOUT_MS
         self.ctx = _context()
-        self.solver = z3.Solver(ctx=self.ctx)
+        self.solver = _local.tactic.solver()
         self.solver.set(timeout=self.timeout_ms)
         self.vars: dict[Var, z3.ArithRef] = {}
         self.functions: dict[str, z3.FuncDeclRef] = {}
