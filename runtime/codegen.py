@@ -8,6 +8,7 @@ numba function that runs a range of that loop, called through `parallel_for`.
 """
 from __future__ import annotations
 
+import collections
 import math
 import os
 import re
@@ -29,7 +30,8 @@ _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
              "tap", "start", "stop",
              "parallel_for", "kernel"}
-_LOCAL = re.compile(r"h\d+|f32_\d+|tab_\d+|stage\d+")  # hoisted loads, literals, tables, staged adjoints
+# hoisted loads and indices, literals, tables, staged adjoints
+_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+")
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Emitter:
     checks: list[str] = field(default_factory=list)  # each run-time index check's error, with {value}
     out: Writer = field(default_factory=Writer)
     used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
-    hoisted: dict[Load, str] = field(default_factory=dict)  # loads already held in a local
+    hoisted: dict[Expr, str] = field(default_factory=dict)  # loads and indices already held in a local
     # float32 literals and constant tables, defined once at module level: numba freezes globals
     # into constants, and typing an np.float32(...) call at every use made big kernels compile
     # ~25% slower. Text -> name.
@@ -97,14 +99,14 @@ class Emitter:
         return f"{buffer}[{', '.join(parts)}]"
 
     def expr(self, e: Expr) -> str:
+        if self.hoisted and isinstance(e, (Load, Bin)) and e in self.hoisted:
+            return self.hoisted[e]
         match e:
             case Const(v, dtype):
                 return self.const(v, dtype)
             case Var():
                 return self.name(e)
             case Load(buffer, index, _, loc):
-                if e in self.hoisted:
-                    return self.hoisted[e]
                 return self.index(buffer, index, str(loc) if loc else show(e))
             case Bin(Op.MIN | Op.MAX as op, a, b):
                 # numpy's minimum/maximum propagate NaN from either side; the builtins do not
@@ -370,19 +372,23 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         name = adjoint_name(adj.buffer)
 
         def body(gs, at=None, terms=()):
-            """acc = the gathers `gs` (and the `terms`, as text), stored at j, or at `at[j]` for
-            phased dimensions."""
+            """acc = the gathers `gs` (and the `terms`, (text, weight) pairs), stored at j, or at
+            `at[j]` for phased dimensions."""
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
-            zero = em.const(0, adj.dtype)
-            w.line(f"acc = {em.index('ct_' + adj.buffer, index, name) if adj.seeded else zero}")
+            guarded = Writer()  # the pieces under a guard or in a loop go after the sums
+            guarded.depth = w.depth
             like: dict[tuple[Load, ...], float] = {}
             for g in gs:
-                _emit_gather(w, em, g, like, adj.dtype)
-            for loads, scale in like.items():
-                operands = [em.expr(x) for x in loads] + ([em.const(scale, adj.dtype)] if scale != 1 or not loads else [])
-                w.line(f"acc += {' * '.join(operands)}")
-            for term in terms:
+                _emit_gather(guarded, em, g, like, adj.dtype)
+            sums = _weighted_sums(em, [(" * ".join(em.expr(x) for x in loads), scale)
+                                       for loads, scale in like.items()] + list(terms), adj.dtype)
+            # the first sum starts acc where it is of acc's dtype (the terms' may not be)
+            first = (em.index("ct_" + adj.buffer, index, name) if adj.seeded else
+                     sums.pop(0) if like else em.const(0, adj.dtype))
+            w.line(f"acc = {first}")
+            for term in sums:
                 w.line(f"acc += {term}")
+            w.lines += guarded.lines
             w.line(f"{em.index(name, index, name)} = acc")
 
         _split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened)
@@ -636,17 +642,17 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     w.line(f"{tmp} = np.empty(({rows}, {hi_j - lo_j + 1}), np.{dtype})")
     _open_loop(w, em.name(k), f"0, {rows}", False)
     _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
-    w.line(f"acc = {em.const(0, dtype)}")
     row = affine({k: 1}, sep.row_stride * lo_i + first_row)
-    for c, weight in sep.cols:
-        load = replace(sep.src, index=sep.src.index[:-2] + (row, affine({j: sep.col_stride}, c)))
-        w.line(f"acc += {em.expr(load)} * {em.const(weight, dtype)}")
-    w.line(f"{tmp}[{em.name(k)}, {column}] = acc")
+    lead = sep.src.index[:-2]
+    taps = [(em.expr(replace(sep.src, index=lead + (row, affine({j: sep.col_stride}, c)))), weight)
+            for c, weight in sep.cols]
+    sums = _weighted_sums(em, taps, dtype)
+    w.line(f"{tmp}[{em.name(k)}, {column}] = {' + '.join(sums)}")
     w.depth -= 2
     _open_loop(w, em.name(i), f"{lo_i}, {hi_i + 1}", False)
     _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
-    body([], terms=[f"{tmp}[{em.expr(affine({i: sep.row_stride}, r - first_row - sep.row_stride * lo_i))}, "
-                    f"{column}] * {em.const(weight, dtype)}" for r, weight in sep.rows])
+    body([], terms=[(f"{tmp}[{em.expr(affine({i: sep.row_stride}, r - first_row - sep.row_stride * lo_i))}, "
+                     f"{column}]", weight) for r, weight in sep.rows])
     w.depth -= 2
 
 
@@ -662,19 +668,28 @@ def _box_ranges(vars_, shape, split) -> dict[Var, tuple[int, int]]:
 def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
     """Read once, at the top of the iteration, every load of the phases that depends only on the
     loop variables and is in range for all of them (so reading it even where a guard fails is
-    safe). Without this, a store between two phases makes LLVM read again and not vectorize."""
+    safe). Without this, a store between two phases makes LLVM read again and not vectorize.
+    An index that two of them share is computed once, before them: numba's compile time grows
+    with every operation, and an edge of a bilinear gradient reads 12 loads at 4 columns."""
     em.hoisted.clear()
+    chosen: dict[Load, None] = {}
     for g in gathers:
         for piece in g.pieces:
             inner = {r.var for r in piece.loops}
             for e in [piece.value, *(c for level in piece.guards for c in level)]:
                 for n in walk(e):
-                    if (isinstance(n, Load) and n not in em.hoisted and n.buffer != written and n.index
+                    if (isinstance(n, Load) and n not in chosen and n.buffer != written and n.index
                             and not any(isinstance(m, Var) and m in inner for i in n.index for m in walk(i))
                             and all(_within(i, em.shapes[n.buffer][d], ranges) for d, i in enumerate(n.index))):
-                        name = f"h{len(em.hoisted)}"
-                        w.line(f"{name} = {em.index(n.buffer, n.index, n.buffer)}")
-                        em.hoisted[n] = name
+                        chosen[n] = None
+    shared = collections.Counter(i for n in chosen for i in dict.fromkeys(n.index) if isinstance(i, Bin))
+    for i in (i for i, count in shared.items() if count > 1):
+        name = f"ix{len(em.hoisted)}"
+        w.line(f"{name} = {em.expr(i)}")
+        em.hoisted[i] = name
+    for k, n in enumerate(chosen):
+        w.line(f"h{k} = {em.index(n.buffer, n.index, n.buffer)}")
+        em.hoisted[n] = f"h{k}"
 
 
 def _within(e: Expr, n: int, ranges) -> bool:
@@ -761,7 +776,24 @@ def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
     rest = [f"{index}[point, tap, {k}]" for k in range(tail)]
     w.line(f"    taps += {load.buffer}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
     em.used.setdefault(load.buffer, None)
-    body([], terms=["taps"])
+    body([], terms=[("taps", 1.0)])
+
+
+def _weighted_sums(em: Emitter, terms: list[tuple[str, float]], dtype: str) -> list[str]:
+    """`sum(text * weight)` as one sum per weight, its terms added before the weight multiplies
+    them (`(h1 + h2 + h6) * f32_2`): numba's compile time grows with every operation. A term
+    whose text is empty is its weight alone."""
+    by_weight: dict[float, list[str]] = {}
+    sums = []
+    for text, weight in terms:
+        if text:
+            by_weight.setdefault(weight, []).append(text)
+        else:
+            sums.append(em.const(weight, dtype))
+    for weight, texts in by_weight.items():
+        total = texts[0] if len(texts) == 1 else f"({' + '.join(texts)})"
+        sums.append(total if weight == 1 else f"{total} * {em.const(weight, dtype)}")
+    return sums
 
 
 def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str) -> None:

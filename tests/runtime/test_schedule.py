@@ -206,6 +206,25 @@ def test_corners_share_one_loop_over_tables(fn, shape, dtype):
     assert table and sorted(ast.literal_eval(table.group(1))) == corners, source
     _matches_scatter_reference(fn, x)
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_shared_indices_and_equal_weights_are_computed_once(dtype):
+    """numba's compile time grows with every operation: an edge of a bilinear gradient's planes
+    reads 12 loads at 4 columns, each column computed once before them, and sums the loads of
+    each of its 5 weights before one multiplication."""
+    x = (np.arange(2 * 3 * 6 * 8) * 7 % 11 - 5).astype(dtype).reshape(2, 3, 6, 8)
+    source = hd.explain(bilinear2x_planes, x).backward_source
+    code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
+    top = code.index("for j3 in range(1, 7):")  # the top edge, j2 = 0, along j3
+    body = code[top + 1:code.index(next(c for c in code[top:] if c.startswith("adj_x[")))]
+    columns = [c for c in body if re.fullmatch(r"ix\d+ = .*", c)]
+    assert sorted(c.split(" = ")[1] for c in columns) == [
+        "((2 * j3) + 1)", "((2 * j3) + 2)", "((2 * j3) - 1)", "(2 * j3)"], source
+    assert sum(c.startswith("h") for c in body) == 12 and not any("2 * j3" in c for c in body if c[0] == "h")
+    sums = [c for c in body if c.startswith("acc")]
+    assert len(sums) == 5 and all(c.count(" * ") == 1 for c in sums), source
+    _matches_scatter_reference(bilinear2x_planes, x)
+
+
 @pytest.mark.parametrize("box, extents", [
     ({"a": (1, 6), "b": (2, 9)}, {"a": 8, "b": 12}),  # few edge values: one region each
     ({"a": (3, 4), "b": (0, 5), "c": (2, 3)}, {"a": 8, "b": 6, "c": 7}),  # many: one per side
