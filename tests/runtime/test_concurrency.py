@@ -227,3 +227,29 @@ print("ok")
 def test_corrupted_or_stale_cache_entries_are_rebuilt_not_trusted(tmp_path):
     out = _python(CORRUPTIONS, env={"HALIDE_AD_CACHE_DIR": str(tmp_path)})
     assert out.strip() == "ok", out
+
+
+def test_generated_source_is_the_same_under_any_hash_seed():
+    """A kernel's on-disk cache entry is found by a hash of its source: source that followed
+    Python's per-process string hashing (iterating a set of expressions) would be compiled
+    again by every new process."""
+    script = """
+    import hashlib
+    import numpy as np
+    import halide_ad as hd
+    from tests import programs as P
+    from tests.runtime.test_schedule import bilinear2x_planes
+
+    rng = np.random.default_rng(0)
+    h = hashlib.sha256()
+    for fn, args in ((bilinear2x_planes, (rng.standard_normal((2, 3, 6, 8)),)),
+                     (P.blur2d, (rng.standard_normal((5, 6)), "mirror")),
+                     (P.blur_pool, (rng.standard_normal((6, 6)),)),
+                     (P.conv2d, (rng.standard_normal((2, 3, 8, 8)), rng.standard_normal((4, 3, 3, 3))))):
+        report = hd.explain(fn, *args)
+        h.update((report.forward_source + report.backward_source).encode())
+    print(h.hexdigest())
+    """
+    digests = {_python(script, env={"HALIDE_AD_JIT": "0", "PYTHONHASHSEED": seed}).strip()
+               for seed in ("1", "2", "3")}
+    assert len(digests) == 1, digests
