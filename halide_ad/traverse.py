@@ -19,6 +19,12 @@ def _field_names(kind: type) -> tuple[str, ...]:
 
 def map_children(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
     """Rebuild `e` with `fn` applied to each child. Returns `e` itself if no child changed."""
+    kind = type(e)
+    if kind is Bin:  # most nodes are leaves and binary operations: these skip the generic walk
+        lhs, rhs = fn(e.lhs), fn(e.rhs)
+        return e if lhs is e.lhs and rhs is e.rhs else Bin(e.op, lhs, rhs)
+    if kind is Var or kind is Const:
+        return e
     updates = {}
     for name in _field_names(type(e)):
         old = getattr(e, name)
@@ -83,6 +89,8 @@ def substitute(e: Expr, env: Mapping[Expr, Expr]) -> Expr:
     """Replace every node that is a key of `env` (usually Vars) by its value."""
     if not env:
         return e
+    if all(type(k) is Var for k in env):  # look up the variables only: a lookup hashes a whole subtree
+        return rewrite(e, lambda n: env.get(n) if type(n) is Var else None)
     return rewrite(e, env.get)
 
 
@@ -121,7 +129,20 @@ PY_OPS: dict[Op, Callable] = {
 
 
 def simplify_rule(n: Expr) -> Expr | None:
-    if not isinstance(n, (Bin, Call, Select)):  # leaves are most nodes: skip matching them case by case
+    # most nodes match no case below: tell them by their type and a constant operand, before the
+    # match statement tries each case in turn
+    kind = type(n)
+    if kind is Bin:  # every rule for a Bin needs two constants, or one that is 0, 1 or -1 (or a bool)
+        a, b = n.lhs, n.rhs
+        if type(a) is Const:
+            if type(b) is not Const and a.value not in (0, 1, -1):
+                return None
+        elif type(b) is not Const or b.value not in (0, 1, -1):
+            return None
+    elif kind is Call:
+        if n.fn != "neg":
+            return None
+    elif kind is not Select:
         return None
     match n:
         case Bin(op, Const(a), Const(b)) if op in PY_OPS and not (
