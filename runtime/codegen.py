@@ -230,8 +230,9 @@ _NAME = re.compile(r"\b[A-Za-z_]\w*\b")
 def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str], list[str]]:
     """(helper sources, the entry's body). The body of each prange loop becomes a numba function
     of the loop index, `entry_b<k>(j, ...)`, and `entry_p<k>(start, stop, ...)` calls it for the
-    iterations [start, stop): the entry hands that to `parallel_for` (runtime/parallel.py). (With
-    the loop inside the body's own function, LLVM made the bilinear gradient ~20% slower.) The
+    iterations [start, stop): the entry hands both to `parallel_for` (runtime/parallel.py), which
+    calls the body from Python where each iteration is large. (With the loop inside the body's
+    own function, LLVM made the bilinear gradient ~20% slower.) The
     statements between prange loops become serial functions `entry_s<k>(...)`. Loops that enclose
     a prange (of extent 1: the parallel dimension is the first longer one) stay in the entry, as
     Python."""
@@ -273,7 +274,8 @@ def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str],
                 iteration = helper("b", [var, *args], body, indent + 4)
                 name = helper("p", ["start", "stop", *args], [f"for {var} in range(start, stop):",
                                                               f"    {iteration}({', '.join([var, *args])})"], 0)
-                out.append(" " * indent + f"parallel_for({name}, {bounds}{''.join(', ' + a for a in args)})")
+                out.append(" " * indent + f"parallel_for({name}, {bounds}{''.join(', ' + a for a in args)}, "
+                                          f"iteration={iteration})")
             else:
                 loop = _FOR.match(head)
                 assert loop is not None, f"a prange inside a statement that is not a loop: {head!r}"

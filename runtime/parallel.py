@@ -17,12 +17,14 @@ slower, unvectorized; the error checks of Python's division cost the bilinear gr
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
+import numpy as np
 from numba import njit
 
 CHUNKS_PER_THREAD = 4
@@ -48,10 +50,19 @@ def _workers() -> ThreadPoolExecutor:
         return _pool
 
 
-def parallel_for(body, start: int, stop: int, *args) -> None:
+def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
     """body(lo, hi, *args) for contiguous chunks [lo, hi) covering [start, stop), in parallel.
     CHUNKS_PER_THREAD chunks per thread, taken in order by whichever thread is free: a thread
-    that another process slows down holds up the loop by one small chunk, not by half of it."""
+    that another process slows down holds up the loop by one small chunk, not by half of it.
+
+    `iteration(j, *args)`, if given, is the loop's body for one index (`body` runs it for each
+    j in [lo, hi)). Where one iteration spans at least COARSE elements of the arrays, a chunk
+    calls it from Python instead, and `body` is never called, so never compiled: numba
+    compiles a loop around a function by optimizing the function's code again with it (0.4 s
+    of bilinear's gradient), and a call from Python costs about a microsecond."""
+    if iteration is not None and stop > start and sum(
+            a.size for a in args if isinstance(a, np.ndarray)) >= COARSE * (stop - start):
+        body = functools.partial(_each, iteration)
     threads = min(numba.get_num_threads(), stop - start)
     if threads <= 1:
         body(start, stop, *args)
@@ -75,6 +86,14 @@ def parallel_for(body, start: int, stop: int, *args) -> None:
     finally:
         for f in futures:
             f.result()  # waits, and raises what a chunk raised
+
+
+COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
+
+
+def _each(iteration, lo: int, hi: int, *args) -> None:
+    for j in range(lo, hi):
+        iteration(j, *args)
 
 
 def _noalias() -> dict[str, bool]:

@@ -8,9 +8,10 @@ import sys
 import numba
 import numpy as np
 import pytest
-from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, _noalias, kernel, parallel_for
+from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, COARSE, _noalias, kernel, parallel_for
 
 import halide_ad as hd
+from halide_ad.api import as_function
 
 
 @kernel
@@ -80,6 +81,37 @@ def test_generated_kernels_run_their_loops_through_parallel_for():
     for r in range(3):
         np.add.at(expected, (slice(None), np.clip(np.arange(200) + r - 1, 0, 199)), 1 / 3)
     np.testing.assert_allclose(g, expected, rtol=1e-12)
+
+
+def test_large_iterations_are_called_from_python_and_the_loop_never_runs(threads):
+    """An iteration that spans COARSE elements or more runs as a call from Python of the loop's
+    body, so that numba never compiles the loop around it; a smaller one runs in the loop."""
+    def loop(lo, hi, a):
+        raise AssertionError("the loop function ran")
+
+    calls = []
+    parallel_for(loop, 0, 10, np.zeros(10 * COARSE, np.float32), iteration=lambda j, a: calls.append(j))
+    assert sorted(calls) == list(range(10))
+    hits = np.zeros(10 * COARSE - 1, np.int8)
+    parallel_for(lambda lo, hi, a: a.__setitem__(slice(lo, hi), 1), 0, 10, hits, iteration=loop)
+    assert hits[:10].tolist() == [1] * 10
+
+
+def test_a_gradient_of_large_planes_compiles_no_loop_around_its_body():
+    @hd.func
+    def upsample(x):
+        return hd.compute((2, 3, 2 * x.shape[2], 2 * x.shape[3]), lambda n, c, i, j: x[n, c, i // 2, j // 2])
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 128, 96)).astype(np.float32)
+    out, vjp_fn = hd.vjp(upsample, x)
+    ct = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    (g,) = vjp_fn(ct)
+    np.testing.assert_allclose(g, ct.reshape(2, 3, 128, 2, 96, 2).sum(axis=(3, 5)), rtol=1e-5)
+    traced, _ = as_function(upsample).trace((x,), {})
+    kernel, _ = traced.gradient(("x",))
+    (step,) = [s for s in kernel.steps if hasattr(s, "fn")]
+    compiled = {d.py_func.__name__: len(d.overloads) for d in step.fn.dispatchers}
+    assert compiled["backward0_b0"] == 1 and compiled["backward0_p1"] == 0, compiled
 
 
 FORKED = """
