@@ -2,9 +2,10 @@
 
 Each parallel loop of a generated kernel is a numba function that releases the GIL and runs the
 iterations [start, stop) of its outer loop; `parallel_for` splits the loop into contiguous chunks
-and runs them on a shared thread pool and the calling thread. Not numba's `parallel=True`: its passes compile several
-times slower, re-optimize the whole loop body a second time, and its OpenMP threads spin after
-every loop, which halves the speed of a BLAS call that follows on a small machine.
+and runs them on a shared thread pool and the calling thread (a chunk of large iterations calls
+the loop's body once per iteration instead). Not numba's `parallel=True`: its passes compile
+several times slower, re-optimize the whole loop body a second time, and its OpenMP threads spin
+after every loop, which halves the speed of a BLAS call that follows on a small machine.
 
 Every element has one writer, so the result is the same bits for any number of threads.
 `numba.set_num_threads` (or NUMBA_NUM_THREADS) sets how many chunks run at once.
@@ -28,6 +29,7 @@ import numpy as np
 from numba import njit
 
 CHUNKS_PER_THREAD = 4
+COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
@@ -86,9 +88,6 @@ def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
     finally:
         for f in futures:
             f.result()  # waits, and raises what a chunk raised
-
-
-COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
 
 
 def _each(iteration, lo: int, hi: int, *args) -> None:
