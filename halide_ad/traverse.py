@@ -26,7 +26,7 @@ def map_children(e: Expr, fn: Callable[[Expr], Expr]) -> Expr:
     if kind is Var or kind is Const:
         return e
     updates = {}
-    for name in _field_names(type(e)):
+    for name in _field_names(kind):
         old = getattr(e, name)
         if isinstance(old, Expr):
             new = fn(old)

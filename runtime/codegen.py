@@ -713,7 +713,7 @@ def _tabled_points(regions, dims, em: Emitter) -> list:
     whose gathers are only constant times loads of one buffer at one leading index, the rest
     constants (the corners of a bilinear gradient's planes: 9 taps each). Two or more such run
     as one loop over tables of their taps: a specialized copy of the body per corner cost numba
-    as much to compile as an edge's loop. None unless there are two."""
+    as much to compile as an edge's loop. Empty unless there are two."""
     points = []
     for region, gs in regions:
         if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:

@@ -492,22 +492,14 @@ def _offset_vars(terms: dict) -> set[Var]:
     return vs if len(vs) > 1 else set()
 
 
-_terms_of: dict[int, tuple[Expr, dict | None]] = {}  # id -> (the expression, its terms)
-
-
+@functools.lru_cache(maxsize=4096)  # planning asks again about the same components; callers must not mutate
 def _terms(e: Expr) -> dict[Var, int] | None:
-    """Integer affine coefficients of an index component, with the constant under key None.
-    Every call of a contraction asks again about the same index objects, and hashing an
-    expression walks its whole tree, so they are cached by identity; callers must not mutate."""
-    hit = _terms_of.get(id(e))
-    if hit is not None and hit[0] is e:
-        return hit[1]
+    """Integer affine coefficients of an index component, with the constant under key None."""
     form = linear_form(e)
-    terms = None if form is None else {v: c for v, c in form[0].items() if c} | {None: form[1]}
-    if len(_terms_of) >= 4096:
-        _terms_of.clear()
-    _terms_of[id(e)] = (e, terms)
-    return terms
+    if form is None:
+        return None
+    coeffs, constant = form
+    return {v: c for v, c in coeffs.items() if c} | {None: constant}
 
 
 def _view(array, index, env, ranges, letters):
