@@ -373,9 +373,9 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         plan, adj = computed[k], computed[k].adjoint
         name = adjoint_name(adj.buffer)
 
-        def body(gs, at=None, terms=()):
-            """acc = the gathers `gs` (and the `terms`, (text, weight) pairs), stored at j, or at
-            `at[j]` for phased dimensions."""
+        def body(gs, at=None, terms=(), terms_dtype=None):
+            """acc = the gathers `gs` (and the `terms`, (text, weight) pairs whose texts are of
+            `terms_dtype`), stored at j, or at `at[j]` for phased dimensions."""
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
             guarded = Writer()  # the pieces under a guard or in a loop go after the sums
             guarded.depth = w.depth
@@ -386,7 +386,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
                                        for loads, scale in like.items()] + list(terms), adj.dtype)
             # the first sum starts acc where it is of acc's dtype (the terms' may not be)
             first = (em.index("ct_" + adj.buffer, index, name) if adj.seeded else
-                     sums.pop(0) if like else em.const(0, adj.dtype))
+                     sums.pop(0) if like or sums and terms_dtype == adj.dtype else em.const(0, adj.dtype))
             w.line(f"acc = {first}")
             for term in sums:
                 w.line(f"acc += {term}")
@@ -506,7 +506,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     level = w.depth
     i, j = len(vars_) - 2, len(vars_) - 1
     separable = split.separable is not None and first <= i and par not in (i, j) and \
-        _separable_rows(split, vars_, shape) * shape[j] <= MAX_SEPARABLE_TEMP
+        _ring_rows(split) * shape[j] <= MAX_SEPARABLE_TEMP
     # regions beside the box in its last dimension only (a plane's edge columns) run inside the
     # box's loop over the dimension before it, while that row is in cache
     def is_column(region) -> bool:
@@ -534,31 +534,8 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
             em.hoisted.clear()
             w.depth = depth_
 
-    # the points outside the box, but for the columns; lone points (a plane's corners) whose
-    # gathers are constant taps share one loop over tables of their taps
-    around = [r for r in split.outside if not is_column(r[0])]
-    points = _tabled_points(around, vars_[first:], em)
-    tabled = {id(region) for region, _ in points}
-    regions([r for r in around if id(r[0]) not in tabled], False)
-    if points:
-        _emit_tabled_points(w, em, points, vars_[first:], body)
-        w.depth = level
-    if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
-        # no regions: the general gathers run outside the box, where the last box dimension runs the
-        # spans below and above it if the outer ones are inside it, else its whole extent
-        _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
-        n, (lo, hi) = shape[last], box[vars_[last]]
-        around = f"((0, {lo}), ({hi + 1}, {n}))"
-        outer = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
-        w.line(f"spans = {around} if {' and '.join(outer)} else ((0, {n}), ({n}, {n}))" if outer else
-               f"spans = {around}")
-        w.line("for span in spans:")
-        w.depth += 1
-        _open_loop(w, em.name(vars_[last]), "span[0], span[1]", False)
-        _full_loops(w, em, vars_, shape, range(last + 1, len(vars_)), par, lambda: body(gathers))
-        w.depth = level
-
-    # the box
+    # the box first: the regions around it then find the rows it read in cache (a bilinear
+    # gradient's edges ran 2.5 ms faster after its interior than before it)
     phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
 
     def box_loops(d: int, combo: tuple[int, ...], at: dict) -> None:
@@ -613,48 +590,83 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     else:
         box_loops(first, (), {})
     em.hoisted.clear()
+    w.depth = level
+
+    # the points outside the box, but for the columns; lone points (a plane's corners) whose
+    # gathers are constant taps share one loop over tables of their taps
+    around = [r for r in split.outside if not is_column(r[0])]
+    points = _tabled_points(around, vars_[first:], em)
+    tabled = {id(region) for region, _ in points}
+    regions([r for r in around if id(r[0]) not in tabled], False)
+    if points:
+        _emit_tabled_points(w, em, points, vars_[first:], body)
+        w.depth = level
+    if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
+        # no regions: the general gathers run outside the box, where the last box dimension runs the
+        # spans below and above it if the outer ones are inside it, else its whole extent
+        _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
+        n, (lo, hi) = shape[last], box[vars_[last]]
+        around = f"((0, {lo}), ({hi + 1}, {n}))"
+        outer = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
+        w.line(f"spans = {around} if {' and '.join(outer)} else ((0, {n}), ({n}, {n}))" if outer else
+               f"spans = {around}")
+        w.line("for span in spans:")
+        w.depth += 1
+        _open_loop(w, em.name(vars_[last]), "span[0], span[1]", False)
+        _full_loops(w, em, vars_, shape, range(last + 1, len(vars_)), par, lambda: body(gathers))
+        w.depth = level
     w.depth = depth
 
 
-MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's temporary: L2-sized
+MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's ring of rows: its rows stay in cache
 
 
-def _separable_rows(split, vars_, shape) -> int:
-    """The source rows that the box's window reads."""
-    sep, i = split.separable, vars_[-2]
-    lo, hi = split.box.get(i, (0, shape[-2] - 1))
-    rows = [r for r, _ in sep.rows]
-    return sep.row_stride * (hi - lo) + max(rows) - min(rows) + 1
+def _ring_rows(split) -> int:
+    """The rows of a separable window's temporary: a ring of a power of two, at least the source
+    rows one output row reads, so that a row's slot is `row & (ring - 1)`."""
+    offsets = [r for r, _ in split.separable.rows]
+    return 1 << (max(offsets) - min(offsets)).bit_length()
 
 
 def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     """The box's last two dimensions (i, j) as two passes of the Separable window: each source
-    row it reads, filtered along j into a temporary, then the temporary's rows summed along i."""
+    row it reads, filtered along j into a ring of rows, then, per output row, the ring's rows
+    summed along i. Each output row filters only the source rows the previous one did not read,
+    so the ring stays in L1 and each source row is read from memory once (one temporary for the
+    whole plane, then a second pass over it, ran bilinear's gradient 15% slower)."""
     sep = split.separable
     (i, j), dtype = vars_[-2:], sep.src.dtype
     (lo_i, hi_i), (lo_j, hi_j) = (split.box.get(v, (0, n - 1)) for v, n in zip((i, j), shape[-2:], strict=True))
     first_row = min(r for r, _ in sep.rows)
-    rows, tmp, k = _separable_rows(split, vars_, shape), w.temp("window"), Var("row")
+    span = max(r for r, _ in sep.rows) - first_row + 1
+    fresh = min(sep.row_stride, span)  # the rows an output row reads that the one before did not
+    mask = _ring_rows(split) - 1
+    tmp, k = w.temp("window"), Var("row")
 
     def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
         return Affine.of(coeffs, c).to_expr()
 
     column = em.expr(affine({j: 1}, -lo_j))
-    w.line(f"# separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first")
-    w.line(f"{tmp} = np.empty(({rows}, {hi_j - lo_j + 1}), np.{dtype})")
-    _open_loop(w, em.name(k), f"0, {rows}", False)
-    _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
-    row = affine({k: 1}, sep.row_stride * lo_i + first_row)
     lead = sep.src.index[:-2]
-    taps = [(em.expr(replace(sep.src, index=lead + (row, affine({j: sep.col_stride}, c)))), weight)
+    source_row = affine({k: 1}, sep.row_stride * lo_i + first_row)  # row k of the ring's numbering
+    taps = [(em.expr(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c)))), weight)
             for c, weight in sep.cols]
-    sums = _weighted_sums(em, taps, dtype)
-    w.line(f"{tmp}[{em.name(k)}, {column}] = {' + '.join(sums)}")
-    w.depth -= 2
+
+    w.line(f"# separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first")
+    w.line(f"{tmp} = np.empty(({mask + 1}, {hi_j - lo_j + 1}), np.{dtype})")
     _open_loop(w, em.name(i), f"{lo_i}, {hi_i + 1}", False)
+    first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
+    start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
+    if span > fresh:  # the first output row filters all its rows (one loop: numba compiles the body once)
+        start = f"0 if {em.name(i)} == {lo_i} else {start}"
+    _open_loop(w, em.name(k), f"{start}, {stop}", False)
     _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
-    body([], terms=[(f"{tmp}[{em.expr(affine({i: sep.row_stride}, r - first_row - sep.row_stride * lo_i))}, "
-                     f"{column}]", weight) for r, weight in sep.rows])
+    w.line(f"{tmp}[{em.name(k)} & {mask}, {column}] = {' + '.join(_weighted_sums(em, taps, dtype))}")
+    w.depth -= 2
+    _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
+    ring_row = {r: em.expr(affine({i: sep.row_stride}, first + r - first_row)) for r, _ in sep.rows}
+    body([], terms=[(f"{tmp}[{ring_row[r]} & {mask}, {column}]", weight) for r, weight in sep.rows],
+         terms_dtype=dtype)
     w.depth -= 2
 
 

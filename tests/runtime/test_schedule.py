@@ -171,10 +171,13 @@ def bilinear2x(x):
 def test_boundary_regions_fold_to_constants(fn, shape):
     """Each edge row and column around the interior runs its own copy of the gathers, specialized
     to it: no guard, clamped window bound or parity test is left to run per point. The bilinear
-    weights' parity tests, (2*j + t + 1) % 2, do not depend on j: no phases for them."""
+    weights' parity tests, (2*j + t + 1) % 2, do not depend on j: no phases for them. (A separable
+    window's loop over the source rows an output row filters starts at 0 for the first one: that
+    test runs once per row.)"""
     x = (np.arange(np.prod(shape)) * 7 % 11 - 5).astype(np.float64).reshape(shape)
     source = hd.explain(fn, x).backward_source
-    code = "\n".join(line for line in source.splitlines() if not line.strip().startswith("#"))
+    code = "\n".join(line for line in source.splitlines()
+                     if not line.strip().startswith(("#", "for row in range(0 if ")))
     assert not re.search(r"\b(min|max)\(|\bif |& 1|# phase", code), source
     _matches_scatter_reference(fn, x)
     hd.check_grad(fn, x)
@@ -206,6 +209,7 @@ def test_corners_share_one_loop_over_tables(fn, shape, dtype):
     assert table and sorted(ast.literal_eval(table.group(1))) == corners, source
     _matches_scatter_reference(fn, x)
 
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_shared_indices_and_equal_weights_are_computed_once(dtype):
     """numba's compile time grows with every operation: an edge of a bilinear gradient's planes
@@ -214,8 +218,8 @@ def test_shared_indices_and_equal_weights_are_computed_once(dtype):
     x = (np.arange(2 * 3 * 6 * 8) * 7 % 11 - 5).astype(dtype).reshape(2, 3, 6, 8)
     source = hd.explain(bilinear2x_planes, x).backward_source
     code = [line.strip() for line in source.splitlines() if not line.strip().startswith("#")]
-    top = code.index("for j3 in range(1, 7):")  # the top edge, j2 = 0, along j3
-    body = code[top + 1:code.index(next(c for c in code[top:] if c.startswith("adj_x[")))]
+    top = code.index("for j3 in range(1, 7):", code.index("j2 = 0"))  # the top edge, j2 = 0, along j3
+    body = code[top + 1:code.index(next(c for c in code[top:] if c.startswith("adj_x[")), top)]
     columns = [c for c in body if re.fullmatch(r"ix\d+ = .*", c)]
     assert sorted(c.split(" = ")[1] for c in columns) == [
         "((2 * j3) + 1)", "((2 * j3) + 2)", "((2 * j3) - 1)", "(2 * j3)"], source
@@ -265,8 +269,16 @@ def upsample2x_planes(x):
     return hd.compute(x.shape[:2] + (2 * x.shape[2], 2 * x.shape[3]), lambda n, c, i, j: x[n, c, i // 2, j // 2])
 
 
+@hd.func
+def upsample3x_planes(x):
+    """Nearest 3x upsampling of each plane: no two output rows share a source row."""
+    shape = x.shape[:2] + (3 * x.shape[2], 3 * x.shape[3])
+    return hd.compute(shape, lambda n, c, i, j: x[n, c, i // 3, j // 3])
+
+
 @pytest.mark.parametrize("fn, shape, dtype, separable", [
     (upsample2x_planes, (2, 3, 5, 7), np.float64, True),
+    (upsample3x_planes, (2, 2, 4, 5), np.float32, True),
     (upsample2x_planes, (1, 2, 1, 3), np.float32, True),
     (bilinear2x, (5, 7), np.float64, True),
     (bilinear2x, (6, 4), np.float32, True),
@@ -279,10 +291,15 @@ def test_separable_windows_run_in_two_passes(fn, shape, dtype, separable):
     then one along the columns: the same sums, in another order. Not a 3x3 box: 6 terms instead of
     9 do not pay for the temporary. A window whose columns are strided does, whatever its size: the
     rows pass reads each source row once, in order (a nearest upsampling's gradient, with no
-    boundary or phase to split for)."""
+    boundary or phase to split for). The temporary is a ring of the few rows one output row reads
+    (5 for a 5x5 box: 8), whether output rows share source rows (stride 1 or 2) or not (stride 3)."""
     x = (np.arange(np.prod(shape)) * 7 % 11 - 5).astype(dtype).reshape(shape)
     source = hd.explain(fn, x).backward_source
     assert ("# separable window" in source) == separable, source
+    if separable:
+        rows = int(re.search(r"# separable window: (\d+) rows", source).group(1))
+        ring = int(re.search(r"window\d+ = np\.empty\(\((\d+), ", source).group(1))
+        assert rows <= ring < 2 * rows, source
     _matches_scatter_reference(fn, x)
     if dtype == np.float64:
         hd.check_grad(fn, x)
