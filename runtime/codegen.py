@@ -797,7 +797,7 @@ def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
     rest = [f"{index}[point, tap, {k}]" for k in range(tail)]
     w.line(f"    taps += {load.buffer}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
     em.used.setdefault(load.buffer, None)
-    body([], terms=[("taps", 1.0)])
+    body([], terms=[("taps", 1.0)], terms_dtype=load.dtype)
 
 
 def _weighted_sums(em: Emitter, terms: list[tuple[str, float]], dtype: str) -> list[str]:
