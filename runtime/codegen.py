@@ -595,7 +595,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         em.hoisted.clear()
         w.depth = level
 
-    if separable:  # its edge columns then find the rows it read in cache
+    if separable:
         emit_box()
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps

@@ -109,7 +109,7 @@ class Contraction:
             if key not in windows:
                 windows[key] = (*_window(self.out_index, env, ranges, letters), [])
             windows[key][2].append((operand_a(env), operand_b(env)))
-        return [(*window, None) for window in windows.values()]
+        return [(*window, [...]) for window in windows.values()]
 
     def _correlation(self, shifting_taps, arrays, ranges, letters, plan):
         """`out[s*i + r] += a[i] * b[r]` as correlations, `out[s*u + f] += sum_m a_padded[u - m] *
@@ -124,8 +124,8 @@ class Contraction:
         input gradient: 11.4 -> 9.0 ms). More row taps (a 3-D convolution's) run one product per
         tap on views of the copy, as that product would grow with their count.
         Per phase: the output's window (its index), its subscripts, its operand pairs, and the
-        slices of the one product that sum into the window (None: each product is written whole);
-        None where the indices are not of that form."""
+        slices of each product that sum into the window (`...`: the whole product); None where
+        the indices are not of that form."""
         if not shifting_taps:
             return None
         taps = {t.var: t for t in shifting_taps}
@@ -202,7 +202,7 @@ class Contraction:
                 weights = _index(other_view, other_subs,
                                  of_phase | {letters[t.var]: m for t, m in zip(rows, ms, strict=True)})
                 products.append((carried, weights) if carrier is self.a else (weights, carried))
-            windows.append((out_window, out_subs, products, None))
+            windows.append((out_window, out_subs, products, [...]))
         return windows
 
     def _operand(self, array, index, ranges, letters, rows, plan):
@@ -308,7 +308,7 @@ class _Plan:
             for key, so, products, shifts in self.windows:
                 for k, ((va, sa), (vb, sb)) in enumerate(products):
                     product = _matmul(va(sources), sa, vb(sources), sb, so)
-                    for n, at in enumerate(shifts or [...]):
+                    for n, at in enumerate(shifts):
                         _write(out[key], product[at], scale, overwrite and k == 0 and n == 0)
             return
         if assign:
