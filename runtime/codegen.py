@@ -349,17 +349,21 @@ def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
         w.line(f"{em.index(argindex_name(f.name), f.vars, f.name)} = arg")
 
 
-def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset()
+def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset(),
+                  temporaries: tuple[tuple[str, tuple[int, ...]], ...] = ()
                   ) -> tuple[str, list[str], list[str]]:
     """The source of `backward(...)`: one gather loop nest per adjoint, then fallback scatters.
 
     `plans` are `AdjointPlan`s in order (outputs first), each adjoint's contributions inverted.
     `private` names the adjoints that only the next plan reads: such a pair may run one plane at
-    a time, the first adjoint's plane kept in a local array (`_stage_depth`).
+    a time, the first adjoint's plane kept in a local array (`_stage_depth`). `temporaries`: the
+    names and shapes of buffers that earlier steps of the gradient filled and that no program
+    buffer is the adjoint of (a strided convolution's products per tap).
     """
     from halide_ad.solver import Gather
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {adjoint_name(n): sh for n, sh in shapes.items()}  # inlined adjoints read ones stored earlier
+    shapes |= dict(temporaries)
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     computed = [p for p in plans if p.contributions and not p.inlined]
     shapes |= {"ct_" + p.adjoint.buffer: p.adjoint.shape for p in computed if p.adjoint.seeded}

@@ -7,7 +7,9 @@ Window variables that are added to another variable (r, s above) are taps: an op
 offset is stacked once per tap of its last offset axis (s: a third of im2col's copy), and the
 other taps (r) loop around BLAS calls on views of that copy, or, where they shift the output (an
 input gradient), become rows of one product whose slices are summed shifted; an output written
-at an offset gets one window per tap added (col2im). `_matmul` lays each product out as BLAS
+at an offset gets one window per tap added (col2im). Written at a stride (`adj_x[n, c, 2*i +
+r]`), the compiler instead asks for the product of every tap, which a generated gather adds up
+(`tap_product_vars`). `_matmul` lays each product out as BLAS
 calls on views, batched over the image index, so that neither the operands nor the products are
 copied again. All of that depends on the shapes and dtypes alone: a contraction works it out
 once, on stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and
@@ -123,6 +125,7 @@ class Contraction:
         runs one product of 96 rows (32 channels, 3 taps) faster than three of 32 (conv2d's
         input gradient: 11.4 -> 9.0 ms). More row taps (a 3-D convolution's) run one product per
         tap on views of the copy, as that product would grow with their count.
+        Strided, this is the fallback for products per tap too big to keep (`tap_product_vars`).
         Per phase: the output's window (its index), its subscripts, its operand pairs, and the
         slices of each product that sum into the window (`...`: the whole product); None where
         the indices are not of that form."""
@@ -307,7 +310,10 @@ class _Plan:
             overwrite = assign and unwritten is not None
             for key, so, products, shifts in self.windows:
                 for k, ((va, sa), (vb, sb)) in enumerate(products):
-                    product = _matmul(va(sources), sa, vb(sources), sb, so)
+                    first = overwrite and k == 0 and scale == 1 and shifts == [...]
+                    product = _matmul(va(sources), sa, vb(sources), sb, so, out[key] if first else None)
+                    if product is None:  # BLAS wrote the window
+                        continue
                     for n, at in enumerate(shifts):
                         _write(out[key], product[at], scale, overwrite and k == 0 and n == 0)
             return
@@ -380,16 +386,23 @@ def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: boo
         window += product
 
 
-def _matmul(va, sa: str, vb, sb: str, out: str) -> np.ndarray:
+def _matmul(va, sa: str, vb, sb: str, out: str, into: np.ndarray | None = None) -> np.ndarray | None:
     """einsum(f"{sa},{sb}->{out}", va, vb) as BLAS matrix products (see `_matmul_plan`); a
-    convolution calls it with the same layouts every step, so the plan is worked out once."""
+    convolution calls it with the same layouts every step, so the plan is worked out once.
+    With `into`, an array of the product's shape and dtype, BLAS writes the product there
+    where that array is contiguous in the product's layout, and None is returned."""
     plan = _matmul_plan(sa, va.shape, va.strides, sb, vb.shape, vb.strides, out)
     if plan is None:
         return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
     if plan.swap:
         va, vb = vb, va
     a, b = plan.a(va), plan.b(vb)
-    product = np.matmul(a, b, out=pool.empty((max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2]), va.dtype))
+    shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2])
+    if (into is not None and plan.images == "batched" and plan.perm == tuple(range(len(plan.perm)))
+            and into.shape == plan.shape and into.flags.c_contiguous and into.dtype == va.dtype):
+        np.matmul(a, b, out=into.reshape(shape))
+        return None
+    product = np.matmul(a, b, out=pool.empty(shape, va.dtype))
     if plan.images == "summed":
         product = product.sum(axis=0)
     return product.reshape(plan.shape).transpose(plan.perm)
@@ -561,6 +574,34 @@ def _unwritten(keys: list[tuple], shape: tuple[int, ...]) -> list[tuple] | None:
         return None
     return [(slice(None),) * a + (sorted(set(range(n)) - axis),)
             for a, (n, axis) in enumerate(zip(shape, covered)) if len(axis) < n]
+
+
+def tap_product_vars(c: Contraction) -> tuple[Var, ...] | None:
+    """Where a tap offsets an output variable of stride > 1 (`out[n, c, 2*i + r]`, a strided
+    convolution's input gradient): the output index's variables, in the order of a product over
+    them, summed over the rest, that a gather then adds into the output. `_correlation` would
+    instead stack a copy of an operand per tap, for small products, one per phase of the stride.
+    The variables come whole first, then the taps, then the variables the taps offset: the
+    product's rows are one operand's, its columns the other's. None otherwise."""
+    taps = {t.var for t in c.taps}
+    whole, tapped, shifted = [], [], []
+    strided = False
+    for e in c.out_index:
+        t = _terms(e)
+        vs = [v for v in t if v is not None and t[v]]
+        tap, main = [v for v in vs if v in taps], [v for v in vs if v not in taps]
+        if not tap:
+            whole += vs
+            continue
+        if len(main) != 1:
+            return None
+        strided |= t[main[0]] > 1
+        tapped += tap
+        shifted += main
+    order = tuple(whole + tapped + shifted)
+    if not strided or len(set(order)) != len(order) or any(r.lo != 0 for r in c.domain if r.var in order):
+        return None
+    return order
 
 
 def factors(value: Expr) -> tuple[list[Load], float] | None:

@@ -9,6 +9,7 @@ import pytest
 from halide_ad.runtime.contract import SMALL_PRODUCT, Contraction, _matmul, _matmul_plan, _unwritten
 
 import halide_ad as hd
+from halide_ad import compiler
 
 CASES = [  # (a subscripts, b subscripts, out subscripts, sizes)
     ("ik", "kj", "ij", dict(i=5, j=7, k=3)),
@@ -120,8 +121,13 @@ def correlations(monkeypatch, fresh_plans):
 
 
 @pytest.mark.parametrize("stride, taps", [(1, (3, 3)), (2, (3, 3)), (3, (2, 3)), (2, (1, 4))])
-def test_input_gradient_as_correlation_matches_torch(stride, taps, correlations):
+@pytest.mark.parametrize("tap_products", [True, False])
+def test_input_gradient_as_correlation_matches_torch(stride, taps, tap_products, correlations, monkeypatch):
+    """Strided, the input's gradient is a product per tap and a gather (`_tap_product`); where
+    those products would be too big, one correlation per stride phase."""
     torch = pytest.importorskip("torch")
+    if not tap_products:
+        monkeypatch.setattr(compiler, "MAX_TAP_PRODUCT_BYTES", 0)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 3, 10, 11))
     w = rng.standard_normal((16, 3) + taps)
@@ -132,8 +138,47 @@ def test_input_gradient_as_correlation_matches_torch(stride, taps, correlations)
     torch.nn.functional.conv2d(tx, tw, stride=stride).backward(torch.from_numpy(ct))
     np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
-    assert correlations == [True, False], correlations  # the input's gradient; the weight's has no shifted output
+    # the input's gradient, unless a gather adds its taps; the weight's has no shifted output
+    assert correlations == [stride == 1 or not tap_products, False], correlations
 
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, stride", [((2, 3, 11, 10), (2, 2)), ((1, 4, 9, 12), (3, 2)),
+                                           ((1, 2, 8, 9), (2, 3))])
+def test_strided_input_gradient_is_a_product_per_tap_and_a_gather(shape, stride, dtype):
+    """BLAS writes adj_x_taps[n, c, r, s, i, j] = sum over k of ct[n, k, i, j] * w[k, c, r, s] in
+    one call per image, and a gather adds each input pixel's taps: against finite differences
+    (float64) and torch, with ragged edges (pixels that no tap reads)."""
+    sy, sx = stride
+
+    @hd.func
+    def strided(x, w):
+        N, C, H, W = x.shape
+        K, _, R, S = w.shape
+        c, r, s = hd.rdom(C, R, S)
+        return hd.compute((N, K, (H - R) // sy + 1, (W - S) // sx + 1),
+                          lambda n, k, i, j: hd.sum(x[n, c, sy * i + r, sx * j + s] * w[k, c, r, s]))
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((16, shape[1], 3, 3)).astype(dtype)  # 16 summed channels: BLAS
+    report = hd.explain(strided, x, w)
+    taps = [c for c in report.contributions if c.buffer == "x_taps"]
+    assert len(taps) == 1 and "[computed by BLAS]" in taps[0].formula, str(report)
+    assert report.forms("x") == ["gather-window"], str(report)
+    out, vjp_fn = hd.vjp(strided, x, w)
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    gx, gw = vjp_fn(ct)
+    assert gx.dtype == dtype and gw.dtype == dtype
+    if dtype == np.float64:
+        hd.check_grad(strided, x, w)
+    torch = pytest.importorskip("torch")
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    torch.nn.functional.conv2d(tx, tw, stride=stride).backward(torch.from_numpy(ct))
+    tol = 1e-10 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=tol, atol=tol)
 
 
 def test_unwritten_parts_of_tiled_windows():
@@ -145,10 +190,11 @@ def test_unwritten_parts_of_tiled_windows():
 
 
 def test_strided_input_gradient_zeroes_what_it_does_not_write(monkeypatch):
-    """The stride-2 input gradient writes its phases' windows over whatever the buffer held
-    and zeroes only what no window reaches (x's last row, which no output reads): a buffer
-    recycled dirty still comes out right."""
+    """The stride-2 input gradient as correlations (where products per tap would be too big)
+    writes its phases' windows over whatever the buffer held and zeroes only what no window
+    reaches (x's last row, which no output reads): a buffer recycled dirty still comes out right."""
     torch = pytest.importorskip("torch")
+    monkeypatch.setattr(compiler, "MAX_TAP_PRODUCT_BYTES", 0)
     seen = []
     real = Contraction.accumulate
 
@@ -198,7 +244,8 @@ def test_a_contraction_is_planned_once(monkeypatch):
         tgx, tgw = torch.autograd.grad(ty, (tx, tw), torch.from_numpy(ct), retain_graph=True)
         np.testing.assert_allclose(gx, tgx.numpy(), rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(gw, tgw.numpy(), rtol=1e-10, atol=1e-10)
-    assert sorted(first) == ["adj_w", "adj_x"] and planned == first, planned  # each gradient, once
+    # the weight's gradient and the input's products per tap, each once
+    assert sorted(first) == ["adj_w", "adj_x_taps"] and planned == first, planned
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_correlation_with_a_constant_offset(dtype, correlations):
@@ -292,8 +339,8 @@ def test_row_taps_of_an_input_gradient_are_rows_of_one_product(dtype, fresh_plan
     ct = rng.standard_normal(out.shape).astype(dtype)
     rows = []
     real = contract._matmul
-    monkeypatch.setattr(contract, "_matmul", lambda va, sa, vb, sb, so: rows.append(len(so)) or
-                        real(va, sa, vb, sb, so))
+    monkeypatch.setattr(contract, "_matmul", lambda va, sa, vb, sb, so, into=None: rows.append(len(so)) or
+                        real(va, sa, vb, sb, so, into))
     gx, gw = vjp_fn(ct)
     assert sorted(rows) == [3, 3, 3, 5], rows  # adj_w: 3 products (k, c, s); adj_x: 1 (n, c, r, i, j)
     tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
