@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -74,10 +75,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HALIDE_AD_CACHE_DIR", tempfile.mkdtemp(prefix="halide_ad_bench_"))
     results = [run_case(case, small=args.small, repeat=args.repeat, peer_names=peer_names)
                for case in cases]
+    floor = {}
     try:
         warm = warm_start.measure_in_subprocess([r.name for r in results], small=args.small)
         for result in results:
             result.warm_start_s = warm[result.name]
+        largest = max(4 * math.prod(c.out_shape(*c.input_shapes(small=args.small))) for c in cases)
+        floor = warm_start.measure_floor(largest)
+        notes.append(
+            f"Not halide_ad's share of a warm-cache first call, measured in a fresh process of its "
+            f"own: numba's first call of a cached one-line function, {floor['numba_first_call']:.2f} s "
+            f"(the first case pays it); the first write of a fresh {largest / 2**20:.0f} MiB array "
+            f"(the largest output), {floor['first_write']:.2f} s.")
     except subprocess.CalledProcessError as error:
         notes.append(f"The warm-cache first-call run failed ({error}).")
     if "torch" in peer_names:
@@ -96,7 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            peer_names=peer_names, notes=notes)
     print(markdown)
     settings = {"cases": [c.name for c in cases], "repeat": args.repeat, "small": args.small,
-                "threads": threads, "peers": peer_names, "load_average_1min": load}
+                "threads": threads, "peers": peer_names, "load_average_1min": load,
+                "warm_cache_floor_s": floor}
     args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes),
                                     indent=1) + "\n")
     if args.markdown:

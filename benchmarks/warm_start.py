@@ -5,6 +5,11 @@ The main run compiles every case into a fresh cache directory (HALIDE_AD_CACHE_D
 starts `python -m benchmarks.warm_start` on the same cases with that directory.
 
     HALIDE_AD_CACHE_DIR=dir python -m benchmarks.warm_start --cases blur,dense --json out.json
+
+`--floor BYTES` measures, in a process of its own, what any such process pays that is not
+halide_ad's: numba's first call of a cached one-line function (numba loads its typing registries
+then, and imports scipy where it is installed), and the first write of a fresh array of BYTES
+(the OS maps its pages then).
 """
 from __future__ import annotations
 
@@ -16,18 +21,36 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import numba
+import numpy as np
+
 from benchmarks.cases import select
 from benchmarks.timing import time_once
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@numba.njit(cache=True)
+def _one_line(x: int) -> int:
+    return x + 1
+
+
 def measure_in_subprocess(case_names: Sequence[str], *, small: bool) -> dict[str, dict[str, float]]:
     """{case: {"forward": s, "backward": s}} from a fresh process sharing this one's cache dir."""
+    return _run(["--cases", ",".join(case_names)] + (["--small"] if small else []))
+
+
+def measure_floor(nbytes: int) -> dict[str, float]:
+    """{"numba_first_call": s, "first_write": s} from a fresh process (see the module's doc); a
+    first process fills numba's cache for `_one_line`."""
+    _run(["--floor", str(nbytes)])
+    return _run(["--floor", str(nbytes)])
+
+
+def _run(arguments: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "warm_start.json"
-        command = [sys.executable, "-m", "benchmarks.warm_start", "--cases", ",".join(case_names),
-                   "--json", str(out)] + (["--small"] if small else [])
+        command = [sys.executable, "-m", "benchmarks.warm_start", *arguments, "--json", str(out)]
         subprocess.run(command, cwd=REPO_ROOT, check=True)
         return json.loads(out.read_text())
 
@@ -35,12 +58,20 @@ def measure_in_subprocess(case_names: Sequence[str], *, small: bool) -> dict[str
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.warm_start", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", required=True, help="comma-separated case names")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--cases", help="comma-separated case names")
+    which.add_argument("--floor", type=int, metavar="BYTES", help="numba's and the OS's share instead")
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--json", required=True, type=Path, help="where to write the seconds")
     args = parser.parse_args(argv)
 
-    import halide_ad as hd  # after argparse: --help needs no numba
+    import halide_ad as hd  # as a user's process would have
+    if args.floor is not None:
+        _, numba_first_call = time_once(lambda: _one_line(1))
+        fresh = np.empty(args.floor // 4, np.float32)
+        _, first_write = time_once(lambda: fresh.fill(1))
+        args.json.write_text(json.dumps({"numba_first_call": numba_first_call, "first_write": first_write}))
+        return
     results = {}
     for case in select(args.cases.split(",")):
         inputs = case.make_inputs(small=args.small)
