@@ -314,8 +314,13 @@ class _Plan:
                     product = _matmul(va(sources), sa, vb(sources), sb, so, out[key] if first else None)
                     if product is None:  # BLAS wrote the window
                         continue
-                    for n, at in enumerate(shifts):
-                        _write(out[key], product[at], scale, overwrite and k == 0 and n == 0)
+                    slices = [product[at] for at in shifts]
+                    if overwrite and k == 0 and scale == 1 and len(slices) > 1:  # one pass for the first two,
+                        np.add(slices.pop(0), slices.pop(0), out=out[key])  # not a copy and an add (0.3-0.7 ms)
+                    elif overwrite and k == 0:
+                        _write(out[key], slices.pop(0), scale, True)
+                    for p in slices:
+                        _write(out[key], p, scale, False)
             return
         if assign:
             out.fill(0)
