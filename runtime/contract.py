@@ -316,7 +316,7 @@ class _Plan:
                         continue
                     slices = [product[at] for at in shifts]
                     if overwrite and k == 0 and scale == 1 and len(slices) > 1:  # one pass for the first two,
-                        np.add(slices.pop(0), slices.pop(0), out=out[key])  # not a copy and an add (0.3-0.7 ms)
+                        np.add(slices.pop(0), slices.pop(0), out=out[key])  # not copy, add (0.3-0.7 ms)
                     elif overwrite and k == 0:
                         _write(out[key], slices.pop(0), scale, True)
                     for p in slices:

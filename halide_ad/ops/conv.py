@@ -102,7 +102,8 @@ def _padding(op: str, padding, kernel: tuple[int, ...], stride: tuple[int, ...],
 
 
 def _padded_copy(x: Tensor, pads, mode: str, op: str) -> Tensor:
-    """x padded on its spatial axes by `pads` with torch's padding_mode (zeros, reflect, replicate or circular)."""
+    """x padded on its spatial axes by `pads` with torch's padding_mode (zeros, reflect, replicate
+    or circular)."""
     spatial = x.shape[2:]
     if mode == "circular":
         read = lambda i: x[i[:2] + tuple((v - lo) % n for v, (lo, _), n in
