@@ -78,7 +78,7 @@ class Kernel:
         """The buffers its steps read or write."""
         return {name for step in self.steps for name in (
             step.params if isinstance(step, NumbaStep) else
-            [step.out, step.init] + [n for c in step.contractions for n in (c.a.buffer, c.b.buffer)])}
+            [step.out, step.init] + [x.buffer for c in step.contractions for x in c.loads])}
 
 
 def _dump(stage: str, text: str) -> None:
@@ -135,7 +135,8 @@ def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
         contributions = []
         for s in adj.scatters:
             inverse = invert(s, adj.shape, new_vars)
-            c = contraction(adjoint_name(s.buffer), s.index, s.value, s.domain, s.where, shapes)
+            c = contraction(adjoint_name(s.buffer), s.index, s.value, s.domain, s.where, shapes,
+                            one_operand=True)
             if c is not None and isinstance(inverse, Gather):  # BLAS computes the same gather
                 split = _tap_product(s, c, adj, new_vars, shapes)
                 if split is None:
@@ -316,7 +317,9 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
             init = "ct_" + plan.adjoint.buffer if plan.adjoint.seeded else "zeros"
         flush()
         steps.append(ContractionStep(adjoint_name(plan.adjoint.buffer), init, blas))
-        sources.append("".join(f"# {c.formula}  (BLAS, {len(c.taps) and 'per tap of ' + ', '.join(t.var.name for t in c.taps) or 'one call'})\n" for c in blas))
+        calls = [", ".join(t.var.name for t in c.taps) for c in blas]
+        sources.append("".join(f"# {c.formula}  ({c.engine}, {'per tap of ' + n if n else 'one call'})\n"
+                               for c, n in zip(blas, calls, strict=True)))
     flush()
     return Kernel(steps, "\n".join(sources)), plans
 
@@ -331,7 +334,7 @@ def _private_adjoints(program: Program, plans: list[AdjointPlan]) -> frozenset[s
         for c in () if plan.inlined else plan.contributions:  # an inlined one's readers read what it reads
             exprs = ([e for p in c.pieces for e in piece_exprs(p)] if isinstance(c, Gather) else
                      [c.scatter.value, *c.scatter.index] + ([c.scatter.where] if c.scatter.where is not None else [])
-                     if isinstance(c, Fallback) else [c.a, c.b])
+                     if isinstance(c, Fallback) else list(c.loads))
             for name in {n.buffer for e in exprs for n in walk(e) if isinstance(n, Load)}:
                 readers.setdefault(name, []).append(c)
     return frozenset(adjoint_name(p.adjoint.buffer) for p in plans

@@ -59,7 +59,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
         for c in plan.contributions:
             routed = ""
             if isinstance(c, Contraction):
-                routed, c = "  [computed by BLAS]", c.inverse
+                routed, c = f"  [computed by {c.engine}]", c.inverse
             s = c.scatter
             formula = f"adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
             formula += "  for " + ", ".join(f"{r.var.name} in [{r.lo}, {r.hi})" for r in s.domain)

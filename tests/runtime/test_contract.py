@@ -397,3 +397,42 @@ def test_a_gradient_that_blas_reads_is_stored():
     np.testing.assert_allclose(out, ty.detach().numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@hd.func
+def shifted_by_half_a_bias(x, b):
+    """y[n, k, i] = x[n, k, i] + 0.5 * b[k]: b's gradient sums the cotangent over n and i."""
+    return hd.compute(x.shape, lambda n, k, i: x[n, k, i] + 0.5 * b[k])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_sum_of_one_operand_is_a_numpy_sum(dtype):
+    """A bias's gradient sums one operand (adj_b[j] += adj_y[i, j], over the leading axis or the
+    outer and inner ones) by numpy, along memory, instead of a gather that walks each output's
+    window across rows: against its definition, finite differences (float64) and torch."""
+    from halide_ad import ops
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    x, w, b = (rng.standard_normal(s).astype(dtype) for s in ((40, 6), (5, 6), (5,)))
+    report = hd.explain(ops.dense, x, w, b)
+    (bias,) = [c for c in report.contributions if c.buffer == "b"]
+    assert "[computed by numpy]" in bias.formula, str(report)
+    out, vjp_fn = hd.vjp(ops.dense, x, w, b)
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    gx, gw, gb = vjp_fn(ct)
+    np.testing.assert_allclose(gb, ct.sum(axis=0), rtol=tol, atol=tol)
+    tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (x, w, b))
+    torch.nn.functional.linear(tx, tw, tb).backward(torch.from_numpy(ct))
+    for ours, theirs in zip((gx, gw, gb), (tx, tw, tb), strict=True):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=tol, atol=tol)
+
+    x3, b3 = rng.standard_normal((3, 4, 7)).astype(dtype), rng.standard_normal(4).astype(dtype)
+    report = hd.explain(shifted_by_half_a_bias, x3, b3)
+    assert ["[computed by numpy]" in c.formula for c in report.contributions if c.buffer == "b"] == [True]
+    out, vjp_fn = hd.vjp(shifted_by_half_a_bias, x3, b3)
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    np.testing.assert_allclose(vjp_fn(ct)[1], 0.5 * ct.sum(axis=(0, 2)), rtol=tol, atol=tol)
+    if dtype == np.float64:
+        hd.check_grad(ops.dense, x, w, b)
+        hd.check_grad(shifted_by_half_a_bias, x3, b3)
