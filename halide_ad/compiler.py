@@ -21,6 +21,7 @@ from halide_ad.runtime.codegen import emit_backward, emit_forward
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction, tap_product_vars
 from halide_ad.runtime.schedule import piece_exprs
+from halide_ad.show import show
 from halide_ad.solver import Fallback, Gather, disk_cache, invert
 from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
@@ -201,6 +202,12 @@ def _inline_pointwise(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[Ad
         later = out[k + 1:]
         blas_reads = any(isinstance(c, Contraction) and _reads(c.inverse.scatter.value, name)
                          for p in later for c in p.contributions)
+        if blas_reads and _copy_of_stored(plan, value, out[:k]):
+            # a copy of a stored adjoint (a bias's `adj_sum[j] = adj_y[j]`): BLAS reads that one
+            out[k] = replace(plan, inlined=True)
+            out[k + 1:] = [replace(p, contributions=tuple(_reading(c, name, value.buffer)
+                                                          for c in p.contributions)) for p in later]
+            continue
         if value is None or blas_reads or larger_than([value], MAX_INLINED_NODES):
             continue
 
@@ -219,6 +226,31 @@ def _inline_pointwise(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[Ad
         out[k + 1:] = [replace(p, contributions=tuple(_map_values(c, inline) for c in p.contributions))
                        for p in later]
     return out
+
+
+def _copy_of_stored(plan: AdjointPlan, value: Expr | None, earlier: list[AdjointPlan]) -> bool:
+    """Whether `value`, the adjoint's at each point, is another adjoint's at the same point, of the
+    same shape and dtype, stored (or the cotangent itself)."""
+    if not (isinstance(value, Load) and value.index == plan.new_vars and value.dtype == plan.adjoint.dtype):
+        return False
+    return any(adjoint_name(p.adjoint.buffer) == value.buffer and not p.inlined
+               and p.adjoint.shape == plan.adjoint.shape and (p.contributions or p.adjoint.seeded)
+               for p in earlier)
+
+
+def _reading(c, old: str, new: str):
+    """Contribution `c` reading buffer `new` where it read `old` (at the same points)."""
+    def rename(e: Expr) -> Expr:
+        return rewrite(e, lambda n: replace(n, buffer=new) if isinstance(n, Load) and n.buffer == old
+                       else None)
+
+    if not isinstance(c, Contraction):
+        return _map_values(c, rename)
+    inverse = _map_values(c.inverse, rename)
+    inverse = replace(inverse, scatter=replace(inverse.scatter, value=rename(inverse.scatter.value)))
+    shapes = tuple(dict((new if n == old else n, shape) for n, shape in c.shapes).items())
+    return replace(c, a=rename(c.a), b=None if c.b is None else rename(c.b), shapes=shapes, inverse=inverse,
+                   formula=f"{c.out}[{', '.join(map(show, c.out_index))}] += {show(inverse.scatter.value)}")
 
 
 def _cheap(e: Expr) -> bool:

@@ -409,14 +409,20 @@ def shifted_by_half_a_bias(x, b):
 def test_a_sum_of_one_operand_is_a_numpy_sum(dtype):
     """A bias's gradient sums one operand (adj_b[j] += adj_y[i, j], over the leading axis or the
     outer and inner ones) by numpy, along memory, instead of a gather that walks each output's
-    window across rows: against its definition, finite differences (float64) and torch."""
+    window across rows; the sum before the bias gets the cotangent itself, not a copy: against
+    the definition, finite differences (float64) and torch."""
     from halide_ad import ops
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(7)
-    x, w, b = (rng.standard_normal(s).astype(dtype) for s in ((40, 6), (5, 6), (5,)))
+    x, w, b = (rng.standard_normal(s).astype(dtype) for s in ((40, 6), (16, 6), (16,)))
     report = hd.explain(ops.dense, x, w, b)
     (bias,) = [c for c in report.contributions if c.buffer == "b"]
     assert "[computed by numpy]" in bias.formula, str(report)
+    # adj_dense_sum[i, j] = adj_dense[i, j] is not copied: the BLAS products read the cotangent
+    (copy,) = [c for c in report.contributions if c.buffer == "dense_sum"]
+    products = [c.formula for c in report.contributions if "[computed by BLAS]" in c.formula]
+    assert "[not stored" in copy.formula and len(products) == 2, str(report)
+    assert all("adj_dense[" in f and "adj_dense_sum" not in f for f in products), str(report)
     out, vjp_fn = hd.vjp(ops.dense, x, w, b)
     ct = rng.standard_normal(out.shape).astype(dtype)
     tol = 1e-12 if dtype == np.float64 else 1e-5
