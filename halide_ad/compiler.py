@@ -19,9 +19,8 @@ from halide_ad.ir import (Bin, Call, Expr, Load, Op, Program, Reduce, Scatter, S
 from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.codegen import emit_backward, emit_forward
 from halide_ad.runtime.compile import compile_kernel
-from halide_ad.runtime.contract import Contraction, contraction, tap_product_vars
+from halide_ad.runtime.contract import Contraction, contraction, formula, tap_product_vars
 from halide_ad.runtime.schedule import piece_exprs
-from halide_ad.show import show
 from halide_ad.solver import Fallback, Gather, disk_cache, invert
 from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
@@ -163,9 +162,9 @@ def _tap_product(s: Scatter, c: Contraction, adj: Adjoint, new_vars: tuple[Var, 
     gradient: 9.6 -> 6.1 ms). The plan that fills the products, and the gather; None where the
     contraction is not of that form, or its products would be too big."""
     order = tap_product_vars(c)
-    ranges = {r.var: r for r in s.domain}
     if order is None:
         return None
+    ranges = {r.var: r for r in s.domain}
     shape = tuple(ranges[v].extent for v in order)
     if math.prod(shape) * np.dtype(adj.dtype).itemsize > MAX_TAP_PRODUCT_BYTES:
         return None
@@ -250,7 +249,7 @@ def _reading(c, old: str, new: str):
     inverse = replace(inverse, scatter=replace(inverse.scatter, value=rename(inverse.scatter.value)))
     shapes = tuple(dict((new if n == old else n, shape) for n, shape in c.shapes).items())
     return replace(c, a=rename(c.a), b=None if c.b is None else rename(c.b), shapes=shapes, inverse=inverse,
-                   formula=f"{c.out}[{', '.join(map(show, c.out_index))}] += {show(inverse.scatter.value)}")
+                   formula=formula(c.out, c.out_index, inverse.scatter.value))
 
 
 def _cheap(e: Expr) -> bool:
