@@ -1,0 +1,110 @@
+"""How forward reductions run: long float32 sums accumulate in float64, a reduction over an outer
+axis runs a row at a time, a reduction over the last axis as partial sums. Each is checked for
+its shape in the generated source and against numpy (float64 references), with extents that
+leave partial rounds of the partial sums."""
+import re
+
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from halide_ad import ops
+from halide_ad.runtime.codegen import LANES, LONG_SUM
+
+
+def _within_one_ulp(got, exact):
+    """float32 `got` is `exact` (float64) rounded, give or take one float32 step."""
+    exact = np.asarray(exact, np.float64)
+    step = np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+    assert np.all(np.abs(np.asarray(got, np.float64) - exact) <= step), (got, exact)
+
+
+@hd.func
+def sum_of_squares(x):
+    return ops.sum(x * x)
+
+
+def test_a_long_float32_sum_is_rounded_once(rng):
+    # 300k terms near 1/3: a float32 running total drifts by far more than one step
+    x = rng.random((600, 500), dtype=np.float32)
+    squares = (x * x).astype(np.float64)
+    _within_one_ulp(sum_of_squares(x), squares.sum())
+    _within_one_ulp(hd.func(lambda x: ops.sum(x, axis=0))(x), x.astype(np.float64).sum(axis=0))
+    _within_one_ulp(hd.func(lambda x: ops.sum(x, axis=1))(x), x.astype(np.float64).sum(axis=1))
+    assert "acc = 0.0\n" in hd.explain(sum_of_squares, x).forward_source  # a float64 literal
+
+
+def test_a_short_float32_sum_stays_float32(rng):
+    x = rng.random((4, LONG_SUM - 1), dtype=np.float32)
+    source = hd.explain(hd.func(lambda x: ops.sum(x, axis=1)), x).forward_source
+    assert "acc = f32_" in source, source
+
+
+@hd.func
+def scaled_tanh(x, g):
+    return hd.compute(x.shape, lambda n, c: hd.tanh(x[n, c] * g[c]))
+
+
+def test_a_long_float32_gradient_window_accumulates_in_float64(rng):
+    x = rng.random((200_000, 2), dtype=np.float32)
+    g = rng.random(2, dtype=np.float32)
+    ct = rng.random(x.shape, dtype=np.float32)
+    _, f_vjp = hd.vjp(scaled_tanh, x, g)
+    _, dg = f_vjp(ct)
+    y = np.tanh(x * g).astype(np.float64)  # the forward's float32 values, summed exactly
+    terms = (ct * (np.float32(1) - y.astype(np.float32) ** 2) * x).astype(np.float64)
+    np.testing.assert_allclose(dg, terms.sum(axis=0), rtol=1e-6)
+    assert "acc = np.float64(" in hd.explain(scaled_tanh, x, g).backward_source
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("axis, keepdims", [(1, False), ((0, 2), False), (1, True), (0, False)])
+def test_a_sum_over_outer_axes_runs_a_row_at_a_time(rng, dtype, axis, keepdims):
+    x = rng.standard_normal((3, 5, 7, 9)).astype(dtype)
+    fn = hd.func(lambda x: ops.mean(x, axis=axis, keepdims=keepdims))
+    got = fn(x)
+    np.testing.assert_allclose(got, x.astype(np.float64).mean(axis=axis, keepdims=keepdims),
+                               rtol=1e-6 if dtype == np.float32 else 1e-13, atol=1e-7)
+    source = hd.explain(fn, x).forward_source
+    # the reduction's loops enclose the row's: the output accumulates in place
+    row_inside = r"for r\w* in range\(0, \d+\):\n +for \w+ in range\(0, 9\):\n +mean\[(.*)\] = mean\[\1\] \+"
+    assert re.search(row_inside, source), source
+    if dtype == np.float64:
+        hd.check_grad(fn, x.astype(np.float64))
+
+
+def test_a_row_sum_in_float64_uses_a_row_of_its_own(rng):
+    x = rng.random((2 * LONG_SUM, 3, 5), dtype=np.float32)
+    fn = hd.func(lambda x: ops.sum(x, axis=0))
+    _within_one_ulp(fn(x), x.astype(np.float64).sum(axis=0))
+    assert "np.empty(5, np.float64)" in hd.explain(fn, x).forward_source
+
+
+def test_a_masked_row_sum(rng):
+    @hd.func
+    def upper(x):
+        n, m = x.shape
+        r = hd.rdom(n, where=lambda r: r <= 2)
+        return hd.compute((m,), lambda j: hd.sum(x[r, j] * 2.0))
+    x = rng.standard_normal((6, 11))
+    np.testing.assert_allclose(upper(x), 2 * x[:3].sum(axis=0), rtol=1e-13)
+    hd.check_grad(upper, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("extent", [2 * LANES - 1, 2 * LANES, 2 * LANES + 3, 100])
+def test_a_sum_over_the_last_axis_runs_as_partial_sums(rng, dtype, extent):
+    x = (rng.random((4, 3, extent)) + 0.5).astype(dtype)
+    fns = {"sum": hd.func(lambda x: ops.sum(x, axis=-1)),
+           "prod": hd.func(lambda x: ops.prod(x, axis=(1, 2))),
+           "all": hd.func(lambda x: ops.sum(x))}
+    wants = {"sum": x.astype(np.float64).sum(axis=-1), "prod": x.astype(np.float64).prod(axis=(1, 2)),
+             "all": x.astype(np.float64).sum()}
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    for name, fn in fns.items():
+        np.testing.assert_allclose(fn(x), wants[name], rtol=tol, err_msg=name)
+        source = hd.explain(fn, x).forward_source
+        assert (f"acc_lane{LANES - 1}" in source) == (extent >= 2 * LANES), (name, source)
+    if dtype == np.float64:
+        hd.check_grad(fns["sum"], x)
+        hd.check_grad(fns["prod"], x)
