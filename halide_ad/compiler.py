@@ -14,10 +14,10 @@ import numpy as np
 
 from halide_ad.ad import Adjoint, reverse_mode
 from halide_ad.errors import BoundsError, ShapeError
-from halide_ad.ir import (Bin, Call, Expr, Load, Op, Program, Reduce, Scatter, Select, Var, adjoint_name,
+from halide_ad.ir import (Bin, Buffer, Call, Expr, Load, Op, Program, Reduce, Scatter, Select, Var, adjoint_name,
                           argindex_name, const, dtype_of, is_float)
 from halide_ad.runtime.buffers import pool
-from halide_ad.runtime.codegen import emit_backward, emit_forward
+from halide_ad.runtime.codegen import emit_backward, emit_forward, split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction, formula, tap_product_vars
 from halide_ad.runtime.schedule import piece_exprs
@@ -69,6 +69,7 @@ class Kernel:
     source `hd.explain` shows."""
     steps: list
     source: str
+    scratch: tuple[Buffer, ...] = ()  # buffers of its own, not the program's
 
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
         for step in self.steps:
@@ -97,8 +98,18 @@ def _shapes(program: Program) -> dict[str, tuple[int, ...]]:
 
 
 def compile_forward(program: Program) -> Kernel:
-    """Consecutive loop-nest stages share one numba function; contractions run between them."""
-    steps, sources, segment = [], [], []
+    """Consecutive loop-nest stages share one numba function; contractions run between them. A
+    reduction to one point runs as partial results first (`split_reduction`), in a buffer of the
+    kernel's own (`Kernel.scratch`)."""
+    steps, sources, segment, scratch = [], [], [], []
+    funcs, taken = [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
+    for f in program.funcs:
+        parts = split_reduction(f, taken)
+        if parts is not None:
+            scratch.append(parts[0].buffer)
+            taken.add(parts[0].name)
+        funcs += parts or [f]
+    program = replace(program, funcs=tuple(funcs))
     shapes = _shapes(program)
 
     def flush():
@@ -118,7 +129,7 @@ def compile_forward(program: Program) -> Kernel:
         steps.append(ContractionStep(f.name, "zeros", (c,)))
         sources.append(f"# {f.name} by BLAS: {c.formula}\n")
     flush()
-    return Kernel(steps, "\n".join(sources))
+    return Kernel(steps, "\n".join(sources), tuple(scratch))
 
 
 def _func_contraction(f, shapes) -> Contraction | None:
@@ -390,6 +401,8 @@ def run_forward(program: Program, kernel: Kernel, inputs: dict[str, np.ndarray])
         buffers[f.name] = allocate(f.shape, f.dtype)
         if f.keeps_argindex:
             buffers[argindex_name(f.name)] = allocate(f.shape, f.argindex_dtype)
+    for b in kernel.scratch:
+        buffers[b.name] = allocate(b.shape, b.dtype)
     kernel(buffers)
     return buffers
 

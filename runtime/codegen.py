@@ -255,15 +255,18 @@ def _parallel_min_points() -> int:
     return int(os.environ.get("HALIDE_AD_PARALLEL_MIN_POINTS", str(1 << 14)))
 
 
-def _parallel_dim(shape: tuple[int, ...]) -> int | None:
-    if math.prod(shape) < _parallel_min_points():
+def _parallel_dim(shape: tuple[int, ...], terms: float = 1) -> int | None:
+    """The dimension a loop nest over `shape` runs in parallel: the first with more than one point,
+    where the points times the `terms` each adds up (a reduction's) reach _parallel_min_points. A
+    batch norm's statistics are 64 points of 262144 terms each: they ran on one thread."""
+    if math.prod(shape) * terms < _parallel_min_points():
         return None
     return next((d for d, n in enumerate(shape) if n > 1), None)
 
 
-def _loop_nest(w: Writer, em: Emitter, vars_, shape):
-    """Open one loop per dimension (prange on the first with more than one point)."""
-    par = _parallel_dim(shape)
+def _loop_nest(w: Writer, em: Emitter, vars_, shape, terms: float = 1):
+    """Open one loop per dimension (prange on `_parallel_dim`)."""
+    par = _parallel_dim(shape, terms)
     for d, (v, n) in enumerate(zip(vars_, shape, strict=True)):
         _open_loop(w, em.name(v), f"0, {n}", d == par)
 
@@ -378,7 +381,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
         if _reduces_by_rows(f):
             _emit_row_reduction(w, em, f)
         else:
-            _loop_nest(w, em, f.vars, f.shape)
+            _loop_nest(w, em, f.vars, f.shape, _terms(f.body) if isinstance(f.body, Reduce) else 1)
             store = em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
             if isinstance(f.body, Reduce):
                 _emit_reduction(w, em, f)
@@ -401,6 +404,50 @@ def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
         w.line(f"{em.index(argindex_name(f.name), f.vars, f.name)} = arg")
 
 
+MAX_PARTS = 16  # partial results of a reduction to one point (`split_reduction`)
+
+
+def split_reduction(f: Func, taken: set[str]) -> tuple[Func, Func] | None:
+    """A long sum or product to one point (a loss) as partial results over MAX_PARTS or fewer
+    equal chunks of its first reduction variable whose extent they divide, a Func of their own
+    whose points run in parallel, then their combination (Halide's rfactor). None where `f`'s
+    points already run in parallel, or no chunking fits. The chunks are fixed by the extents, so
+    the result does not depend on the thread count; float32 partials are float64."""
+    r = f.body
+    if (not isinstance(r, Reduce) or r.op not in ("sum", "prod") or not is_float(f.dtype)
+            or _parallel_dim(f.shape, _terms(r)) is not None
+            or math.prod(f.shape) * _terms(r) < _parallel_min_points()):
+        return None
+    for k, rv in enumerate(r.rvars):
+        extent = rv.hi - rv.lo
+        parts = next((n for n in range(min(MAX_PARTS, extent // 2), 1, -1) if extent % n == 0), None)
+        if parts is not None:
+            break
+    else:
+        return None
+    names = {n.name for n in walk(r) if isinstance(n, Var)} | {v.name for v in f.vars} | taken
+
+    def fresh(base: str) -> str:
+        while base in names:
+            base += "_"
+        names.add(base)
+        return base
+
+    part, inner = Var(fresh(f"{rv.var.name}_part")), Var(fresh(f"{rv.var.name}_in"))
+    size = extent // parts
+    at = {rv.var: Bin(Op.ADD, Bin(Op.ADD, Bin(Op.MUL, part, Const(size, INDEX_DTYPE)), inner),
+                      Const(rv.lo, INDEX_DTYPE))}
+    wide = "float64" if f.dtype == "float32" else f.dtype
+    body = simplify(substitute(r.body, at))
+    body = body if dtype_of(body) == wide else Cast(wide, body)
+    where = None if r.where is None else simplify(substitute(r.where, at))
+    rvars = r.rvars[:k] + (Range(inner, 0, size),) + r.rvars[k + 1:]
+    partial = Func(fresh(f"{f.name}_parts"), (part, *f.vars), (parts, *f.shape),
+                   Reduce(r.op, body, rvars, where, r.loc), wide, f.loc)
+    combined = Reduce(r.op, Load(partial.name, (part, *f.vars), wide), (Range(part, 0, parts),), None, r.loc)
+    return partial, replace(f, body=combined)
+
+
 def _reduces_by_rows(f: Func) -> bool:
     """Whether the sum or product `f` runs with its last pure loop inside the reduction's loops
     (`_emit_row_reduction`): that loop walks the reads' last axis, which no reduction variable
@@ -409,7 +456,7 @@ def _reduces_by_rows(f: Func) -> bool:
     r = f.body
     if not isinstance(r, Reduce) or r.op not in ("sum", "prod") or not f.vars or f.shape[-1] < 2:
         return False
-    par = _parallel_dim(f.shape)
+    par = _parallel_dim(f.shape, _terms(r))
     rvars = {rv.var for rv in r.rvars}
     return (par != len(f.vars) - 1 and _unit_stride(r.body, f.vars[-1])
             and not any(n.index and free_vars(n.index[-1]) & rvars
@@ -424,7 +471,7 @@ def _emit_row_reduction(w: Writer, em: Emitter, f: Func) -> None:
     r: Reduce = f.body
     op = {"sum": "+", "prod": "*"}[r.op]
     dtype = accumulator_dtype(r.op, dtype_of(r), _terms(r))
-    par = _parallel_dim(f.shape)
+    par = _parallel_dim(f.shape, _terms(r))
     k, n = em.name(f.vars[-1]), f.shape[-1]
     store = em.index(f.name, f.vars, f.name)
     row = None if dtype == f.dtype else w.temp("row")
@@ -517,7 +564,8 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             w.lines += guarded.lines
             w.line(f"{em.index(name, index, name)} = acc")
 
-        _split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened)
+        terms = sum(_terms_per_element(g, adj.shape) for g in gathers[k]) if not opened else 1
+        _split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms)
 
     k = 0
     while k < len(computed):
@@ -609,15 +657,15 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> 
 
 
 def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
-                     opened: int = 0) -> None:
+                     opened: int = 0, terms: float = 1) -> None:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
     `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
     regions beside the box in its last dimension only run inside the box's loop, next to each
     row's interior. Each body is emitted once per region and once per phase. The loops over the
-    first `opened` dimensions are open already."""
-    par = _parallel_dim(shape)
+    first `opened` dimensions are open already; `terms` is the gathers' terms per point."""
+    par = _parallel_dim(shape, terms)
     dims = _cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
     depth = w.depth

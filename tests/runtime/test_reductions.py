@@ -108,3 +108,60 @@ def test_a_sum_over_the_last_axis_runs_as_partial_sums(rng, dtype, extent):
     if dtype == np.float64:
         hd.check_grad(fns["sum"], x)
         hd.check_grad(fns["prod"], x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_few_long_sums_run_in_parallel(rng, dtype, monkeypatch):
+    # three channels of 40 terms each: parallel from 64 points' work, not 64 points
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
+    x = rng.standard_normal((2, 3, 4, 5)).astype(dtype)
+    fn = hd.func(lambda x: ops.batch_norm(x))
+    explained = hd.explain(fn, x)
+    over_channels = r"parallel_for\(\w+, 0, 3,"  # the mean's and variance's, and their adjoints'
+    assert len(re.findall(over_channels, explained.forward_source)) == 2, explained.forward_source
+    assert len(re.findall(over_channels, explained.backward_source)) == 2, explained.backward_source
+    torch = pytest.importorskip("torch")
+    y, f_vjp = hd.vjp(fn, x)
+    ct = rng.standard_normal(y.shape).astype(dtype)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.batch_norm(tx, None, None, training=True, eps=1e-5)
+    (tdx,) = torch.autograd.grad(ty, tx, torch.tensor(ct))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=tol, atol=tol)
+    (dx,) = f_vjp(ct)
+    np.testing.assert_allclose(dx, tdx.numpy(), rtol=tol, atol=tol)
+    if dtype == np.float64:
+        hd.check_grad(fn, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, parts", [((6, 20), 3), ((7, 22), 11), ((13, 17), None), ((1, 80), 16)])
+def test_a_sum_to_one_point_runs_as_parallel_parts(rng, monkeypatch, dtype, shape, parts):
+    # small shapes count as long once 64 terms do: the first extent that some number of parts
+    # from 2 to MAX_PARTS divides is cut (7 and 13, 17 are prime: 22 is cut, then nothing)
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
+    x = (rng.random(shape) + 0.5).astype(dtype)
+
+    @hd.func
+    def programs(x):
+        n, m = x.shape
+        r, s = hd.rdom(n, m, where=lambda r, s: r + s != 3)
+        masked = hd.compute((), lambda: hd.sum(x[r, s] * x[r, s]))
+        return {"sum": ops.sum(x), "prod": ops.prod(x / 1.01),
+                "keepdims": ops.mean(x, axis=(0, 1), keepdims=True), "masked": masked}
+
+    want = {"sum": x.astype(np.float64).sum(), "prod": (x / dtype(1.01)).astype(np.float64).prod(),
+            "keepdims": x.astype(np.float64).mean(keepdims=True)}
+    mask = np.add.outer(np.arange(shape[0]), np.arange(shape[1])) != 3
+    want["masked"] = (x.astype(np.float64) ** 2 * mask).sum()
+    got = programs(x)
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=tol, err_msg=name)
+    source = hd.explain(programs, x).forward_source
+    if parts is None:
+        assert "_parts" not in source, source
+    else:
+        assert source.count("parallel_for(forward_p") >= 4 and f"_part in range(0, {parts})" in source, source
+    if dtype == np.float64:
+        hd.check_grad(programs, x)
