@@ -14,8 +14,8 @@ import numpy as np
 
 from halide_ad.ad import Adjoint, reverse_mode
 from halide_ad.errors import BoundsError, ShapeError
-from halide_ad.ir import (Bin, Buffer, Call, Expr, Load, Op, Program, Reduce, Scatter, Select, Var, adjoint_name,
-                          argindex_name, const, dtype_of, is_float)
+from halide_ad.ir import (Bin, Buffer, Call, Expr, Load, Op, Program, Reduce, Scatter, Select, Var,
+                          adjoint_name, argindex_name, const, dtype_of, is_float)
 from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.codegen import emit_backward, emit_forward, split_reduction
 from halide_ad.runtime.compile import compile_kernel
