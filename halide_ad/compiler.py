@@ -20,6 +20,7 @@ from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.codegen import emit_backward, emit_forward, split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction, formula, tap_product_vars
+from halide_ad.runtime.fusion import inline_stages
 from halide_ad.runtime.schedule import piece_exprs
 from halide_ad.solver import Fallback, Gather, disk_cache, invert
 from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
@@ -98,12 +99,14 @@ def _shapes(program: Program) -> dict[str, tuple[int, ...]]:
 
 
 def compile_forward(program: Program) -> Kernel:
-    """Consecutive loop-nest stages share one numba function; contractions run between them. A
-    reduction to one point runs as partial results first (`split_reduction`), in a buffer of the
-    kernel's own (`Kernel.scratch`)."""
+    """Consecutive loop-nest stages share one numba function; contractions run between them.
+    Funcs that need not be stored are computed where they are read (`inline_stages`); a reduction
+    to one point runs as partial results first (`split_reduction`), in a buffer of the kernel's
+    own (`Kernel.scratch`)."""
     steps, sources, segment, scratch = [], [], [], []
     funcs, taken = [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
-    for f in program.funcs:
+    stored_shapes = _shapes(program)
+    for f in inline_stages(program, lambda f: _func_contraction(f, stored_shapes) is not None):
         parts = split_reduction(f, taken)
         if parts is not None:
             scratch.append(parts[0].buffer)
@@ -397,7 +400,10 @@ def allocate(shape: tuple[int, ...], dtype: str, *, zero: bool = False) -> np.nd
 
 def run_forward(program: Program, kernel: Kernel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     buffers = {name: (a.reshape(1) if a.ndim == 0 else a) for name, a in inputs.items()}
+    stored = kernel.buffers()  # not the Funcs it computes where they are read
     for f in program.funcs:
+        if f.name not in stored:
+            continue
         buffers[f.name] = allocate(f.shape, f.dtype)
         if f.keeps_argindex:
             buffers[argindex_name(f.name)] = allocate(f.shape, f.argindex_dtype)

@@ -1,0 +1,100 @@
+"""Forward fusion: a Func computed where its one reader reads it, instead of stored and read back.
+
+Every Func is a loop nest and a buffer: `hd.sum(...) / 9` is a sum written out, then read again
+to divide it; `ops.sum(x * x)` writes the squares before it sums them; a pooling of a relu
+writes the relu. Each such pass over memory costs as much as the computation around it.
+
+A Func is inlined into its reader when nothing else needs it stored: it is not an output, no
+gradient reads it (`read_by_gradients`: every buffer the reverse-mode scatters of the program
+read, for every input, a superset of what any gradient kernel reads), and it is not a max or min
+(their gradients read the stored argmax). It has one reader, and:
+
+* a pointwise Func is inlined where that reader reads it once per point, or at a few points when
+  it is cheap (a relu read by a 2x2 pooling window is recomputed per tap, not stored);
+* a sum or product is inlined into a pointwise reader that reads it once, at its own point (the
+  division of a box filter's sum).
+
+Neither side may be a BLAS contraction: its loads must stay plain loads for BLAS to read.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from halide_ad.ad import reverse_mode
+from halide_ad.errors import HalideADError
+from halide_ad.ir import Call, Expr, Func, Load, Program, Reduce, is_float
+from halide_ad.traverse import rewrite, substitute, walk
+
+MAX_RECOMPUTED = 9  # reads of a cheap pointwise Func per point of its reader
+CHEAP_NODES = 16  # a pointwise Func this small (and free of math functions) is cheap to recompute
+_CHEAP_CALLS = ("neg", "not", "abs")
+
+
+def read_by_gradients(program: Program) -> set[str] | None:
+    """The Funcs and buffers any gradient of `program` may read; None when reverse mode fails
+    (the forward then stores everything, and the gradient reports the error)."""
+    wrt = tuple(b.name for b in program.inputs if is_float(b.dtype))
+    try:
+        adjoints = reverse_mode(program, wrt)
+    except HalideADError:
+        return None
+    return {n.buffer for adj in adjoints for s in adj.scatters
+            for e in (s.value, s.where, *s.index) if e is not None
+            for n in walk(e) if isinstance(n, Load)}
+
+
+def inline_stages(program: Program, is_contraction: Callable[[Func], bool]) -> tuple[Func, ...]:
+    """`program`'s Funcs, each one that need not be stored inlined into its reader (see the module's
+    doc). Inlining into a reader updates it before it is itself considered."""
+    needed = read_by_gradients(program)
+    if needed is None:
+        return program.funcs
+    keep = needed | set(program.outputs)
+    funcs, out = list(program.funcs), []
+    for k in range(len(funcs)):
+        f = funcs[k]  # with what was inlined into it
+        readers = [j for j in range(k + 1, len(funcs)) if _loads_of(funcs[j].body, f.name)]
+        if (f.name in keep or len(readers) != 1 or f.keeps_argindex or is_contraction(f)
+                or is_contraction(funcs[readers[0]]) or not _inlinable(f, funcs[readers[0]])):
+            out.append(f)
+            continue
+        reader = funcs[readers[0]]
+        funcs[readers[0]] = replace(reader, body=_inlined(reader.body, f))
+    return tuple(out)
+
+
+def _loads_of(e: Expr, name: str) -> list[Load]:
+    return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
+
+
+def _reductions(e: Expr) -> list[Reduce]:
+    return [n for n in walk(e) if isinstance(n, Reduce)]
+
+
+def _inlinable(f: Func, reader: Func) -> bool:
+    loads = _loads_of(reader.body, f.name)
+    inside_reductions = [n for r in _reductions(reader.body) for n in _loads_of(r, f.name)]
+    if _reductions(f.body):
+        if any(r.op not in ("sum", "prod") for r in _reductions(f.body)):
+            return False
+        return (len(loads) == 1 and not inside_reductions and f.shape == reader.shape
+                and loads[0].index == reader.vars)
+    return len(loads) == 1 or (len(loads) <= MAX_RECOMPUTED and _cheap(f.body))
+
+
+def _cheap(e: Expr) -> bool:
+    nodes = list(walk(e))
+    return len(nodes) <= CHEAP_NODES and not any(
+        isinstance(n, Call) and n.fn not in _CHEAP_CALLS for n in nodes)
+
+
+def _inlined(body: Expr, f: Func) -> Expr:
+    """`body` with every load of `f` replaced by `f`'s value there. (Tracing names every
+    reduction variable uniquely, and renames a pure variable that has one's name, so `f`'s
+    reduction variables cannot capture the reader's.)"""
+    def rule(n: Expr) -> Expr | None:
+        if isinstance(n, Load) and n.buffer == f.name:
+            return substitute(f.body, dict(zip(f.vars, n.index, strict=True)))
+        return None
+    return rewrite(body, rule)
