@@ -555,8 +555,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             # the first sum starts acc where it is of acc's dtype (the terms' may not be)
             first = (em.index("ct_" + adj.buffer, index, name) if adj.seeded else
                      sums.pop(0) if like or sums and terms_dtype == adj.dtype else em.const(0, adj.dtype))
-            terms = sum(_terms_per_element(g, adj.shape) for g in gs)
-            if accumulator_dtype("sum", adj.dtype, terms) != adj.dtype:
+            if _wide_gathers(gs, adj):
                 first = em.cast(first, "float64")
             w.line(f"acc = {first}")
             for term in sums:
@@ -564,6 +563,9 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             w.lines += guarded.lines
             w.line(f"{em.index(name, index, name)} = acc")
 
+        if not opened and splits[k] is None and _gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
+            _emit_row_gathers(w, em, plan, gathers[k], name)
+            return
         terms = sum(_terms_per_element(g, adj.shape) for g in gathers[k]) if not opened else 1
         _split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms)
 
@@ -1026,6 +1028,78 @@ def _terms_per_element(g, shape: tuple[int, ...]) -> float:
     adjoint's elements (a bias's gradient sums a whole batch per element, a pooling window's a
     few)."""
     return math.prod(r.hi - r.lo for r in g.scatter.domain) / max(1, math.prod(shape))
+
+
+def _wide_gathers(gs, adj) -> bool:
+    """Whether the gathers' sum accumulates in float64 (`accumulator_dtype`)."""
+    terms = sum(_terms_per_element(g, adj.shape) for g in gs)
+    return accumulator_dtype("sum", adj.dtype, terms) != adj.dtype
+
+
+def _gathers_by_rows(vars_, shape, gathers) -> bool:
+    """Whether an adjoint's windows run with its last variable's loop innermost
+    (`_emit_row_gathers`): the windows' reads walk memory with that variable, none with a window
+    variable, no guard and no window bound depends on it. A layer norm's gain gradient,
+    `adj_g[j] += adj_y[i, j] * xhat[i, j]` over i, walked every column across 4096 rows."""
+    if not vars_ or shape[-1] < 2:
+        return False
+    last, pieces = vars_[-1], [p for g in gathers for p in g.pieces]
+    windows = [p for p in pieces if p.loops]
+    if not windows or any(c for p in pieces for level in p.guards for c in level):
+        return False
+    if any(last in _vars_of(b) for p in windows for loop in p.loops for b in (loop.lo, loop.hi)):
+        return False
+    return any(_unit_stride(p.value, last) for p in windows) and not any(
+        n.index and _vars_of(n.index[-1]) & {loop.var for loop in p.loops}
+        for p in windows for n in walk(p.value) if isinstance(n, Load))
+
+
+def _vars_of(e) -> set[Var]:
+    return {n for n in walk(e) if isinstance(n, Var)} if isinstance(e, Expr) else set()
+
+
+def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
+    """An adjoint's rows, one at a time: the cotangent and the terms without a window, then each
+    window's loops with the row's loop inside them, so that every read walks memory in order.
+    Each element adds its terms in the same order as one element at a time would. A float64
+    accumulator is a row of its own, else the adjoint's row accumulates in place."""
+    adj, vars_, shape = plan.adjoint, plan.new_vars, plan.adjoint.shape
+    pieces, outer = [p for g in gathers for p in g.pieces], w.depth
+    dtype = "float64" if _wide_gathers(gathers, adj) else adj.dtype
+    k, n = em.name(vars_[-1]), shape[-1]
+    store = em.index(name, vars_, name)
+    row = None if dtype == adj.dtype else w.temp("row")
+    acc = store if row is None else f"{row}[{k}]"
+    terms = sum(_terms_per_element(g, shape) for g in gathers) * n
+    par = _parallel_dim(shape[:-1], terms)
+    if row is not None and par is None:
+        w.line(f"{row} = np.empty({n}, np.{dtype})")
+    for d, v in enumerate(vars_[:-1]):
+        _open_loop(w, em.name(v), f"0, {shape[d]}", d == par)
+        if row is not None and d == par:
+            w.line(f"{row} = np.empty({n}, np.{dtype})")
+    first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
+    first += [em.expr(p.value) for p in pieces if not p.loops]
+    with w.block(f"for {k} in range(0, {n}):"):
+        w.line(f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
+    for g in gathers:
+        s = g.scatter
+        w.line(f"# {g.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+               + (f"  ({s.loc})" if s.loc else ""))
+        for p in g.pieces:
+            if not p.loops:
+                continue
+            depth = w.depth
+            for loop in p.loops:
+                w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
+                w.depth += 1
+            with w.block(f"for {k} in range(0, {n}):"):
+                w.line(f"{acc} = {acc} + {em.expr(p.value)}")
+            w.depth = depth
+    if row is not None:
+        with w.block(f"for {k} in range(0, {n}):"):
+            w.line(f"{store} = {acc}")
+    w.depth = outer
 
 
 def _emit_scatter(w: Writer, em: Emitter, f, adj_name: str) -> None:

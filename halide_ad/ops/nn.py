@@ -30,26 +30,28 @@ def _number(op: str, name: str, v, *, lo: float | None = None, hi: float | None 
 
 
 def _softmax_parts(op: str, x, axis):
-    """(x, axis, m, s): the maximum m and sum s of exp(x - m) along `axis`, kept as size 1."""
+    """(x, axis, m, e, s): the maximum m along `axis`, e = exp(x - m), and the sum s of e along
+    `axis` (m and s kept as size 1). e is a Func of its own: its derivative is its value, so the
+    gradient reads it instead of computing exp again (a third of softmax's gradient)."""
     x = check.tensor(op, "x", x)
     a = check.axis(op, axis, x.ndim)
     m = reduce_axes("max", lambda i: x[i], x.shape, (a,), name=f"{op}_max")
-    s = reduce_axes("sum", lambda i: hd.exp(x[i] - m[at_kept(i, (a,))]), x.shape, (a,), name=f"{op}_sum")
-    return x, a, m, s
+    e = hd.compute(x.shape, lambda *i: hd.exp(x[i] - m[at_kept(i, (a,))]), name=f"{op}_exp")
+    s = reduce_axes("sum", lambda i: e[i], x.shape, (a,), name=f"{op}_sum")
+    return x, a, m, e, s
 
 
 @hd.func
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along `axis`, with the maximum subtracted first. Same shape as x."""
-    x, a, m, s = _softmax_parts("softmax", x, axis)
-    return hd.compute(x.shape, lambda *i: hd.exp(x[i] - m[at_kept(i, (a,))]) / s[at_kept(i, (a,))],
-                      name="softmax")
+    x, a, m, e, s = _softmax_parts("softmax", x, axis)
+    return hd.compute(x.shape, lambda *i: e[i] / s[at_kept(i, (a,))], name="softmax")
 
 
 @hd.func
 def log_softmax(x, axis=-1):
     """x - log(sum(exp(x))) along `axis`, computed stably. Same shape as x."""
-    x, a, m, s = _softmax_parts("log_softmax", x, axis)
+    x, a, m, e, s = _softmax_parts("log_softmax", x, axis)
     return hd.compute(x.shape, lambda *i: x[i] - m[at_kept(i, (a,))] - hd.log(s[at_kept(i, (a,))]),
                       name="log_softmax")
 
@@ -287,7 +289,7 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mea
     elif target.shape != logits.shape:
         raise ShapeError(f"ops.{op}: probability targets must have the shape of logits {logits.shape}, got "
                          f"{target.shape}", user_loc())
-    _, _, m, s = _softmax_parts(op, logits, 1)
+    _, _, m, _, s = _softmax_parts(op, logits, 1)
 
     def logp_at(n, c, *rest):  # log_softmax, fused into the loss: no Func of its own
         return logits[(n, c) + rest] - m[(n, 0) + rest] - hd.log(s[(n, 0) + rest])

@@ -54,7 +54,38 @@ def test_a_long_float32_gradient_window_accumulates_in_float64(rng):
     y = np.tanh(x * g).astype(np.float64)  # the forward's float32 values, summed exactly
     terms = (ct * (np.float32(1) - y.astype(np.float32) ** 2) * x).astype(np.float64)
     np.testing.assert_allclose(dg, terms.sum(axis=0), rtol=1e-6)
-    assert "acc = np.float64(" in hd.explain(scaled_tanh, x, g).backward_source
+    # a row of float64 accumulators: the gathers walk x's rows, adding into every column's total
+    assert "np.empty(2, np.float64)" in hd.explain(scaled_tanh, x, g).backward_source
+
+
+def test_a_long_float32_gradient_across_a_row_accumulates_in_float64(rng):
+    @hd.func
+    def row_scaled_tanh(x, g):  # g's gradient sums each row: an element at a time
+        return hd.compute(x.shape, lambda n, c: hd.tanh(x[n, c] * g[n]))
+
+    x = rng.random((2, 200_000), dtype=np.float32)
+    g = rng.random(2, dtype=np.float32)
+    ct = rng.random(x.shape, dtype=np.float32)
+    _, dg = hd.vjp(row_scaled_tanh, x, g)[1](ct)
+    y = np.tanh(x * g[:, None]).astype(np.float32)
+    terms = (ct * (np.float32(1) - y ** 2) * x).astype(np.float64)
+    np.testing.assert_allclose(dg, terms.sum(axis=1), rtol=1e-6)
+    assert "acc = np.float64(" in hd.explain(row_scaled_tanh, x, g).backward_source
+
+
+def test_a_gradient_summed_over_outer_rows_runs_a_row_at_a_time(rng):
+    x, g = rng.standard_normal((7, 9)), rng.standard_normal(9)
+    source = hd.explain(scaled_tanh, x, g).backward_source
+    # g's adjoint: the loop over x's rows encloses the loop over g's entries
+    rows = r"for n in range\(0, 7\):\n +for (\w+) in range\(0, 9\):\n +adj_g\[\1\] = adj_g\[\1\] \+"
+    assert re.search(rows, source), source
+    hd.check_grad(scaled_tanh, x, g)
+    torch = pytest.importorskip("torch")
+    tx, tg = torch.tensor(x, requires_grad=True), torch.tensor(g, requires_grad=True)
+    ct = rng.standard_normal(x.shape)
+    want = torch.autograd.grad(torch.tanh(tx * tg), (tx, tg), torch.tensor(ct))
+    for got, w in zip(hd.vjp(scaled_tanh, x, g)[1](ct), want, strict=True):
+        np.testing.assert_allclose(got, w.numpy(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
