@@ -14,7 +14,9 @@ read, for every input, a superset of what any gradient kernel reads), and it is 
 * a sum or product is inlined into a pointwise reader that reads it once, at its own point (the
   division of a box filter's sum).
 
-Neither side may be a BLAS contraction: its loads must stay plain loads for BLAS to read.
+Neither side may be a BLAS contraction: its loads must stay plain loads for BLAS to read. A read
+of the Func checked at run time (a data-dependent index) keeps it stored: the check is against the
+Func's shape, which inlining would lose.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dataclasses import replace
 from halide_ad.ad import reverse_mode
 from halide_ad.errors import HalideADError
 from halide_ad.ir import Call, Expr, Func, Load, Program, Reduce, is_float
+from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import rewrite, substitute, walk
 
 MAX_RECOMPUTED = 9  # reads of a cheap pointwise Func per point of its reader
@@ -74,6 +77,8 @@ def _reductions(e: Expr) -> list[Reduce]:
 
 def _inlinable(f: Func, reader: Func) -> bool:
     loads = _loads_of(reader.body, f.name)
+    if any(map(checked_at_run_time, (e for n in loads for e in n.index))):
+        return False  # the check is against f's shape: inlined, f's own reads would go unchecked
     inside_reductions = [n for r in _reductions(reader.body) for n in _loads_of(r, f.name)]
     if _reductions(f.body):
         if any(r.op not in ("sum", "prod") for r in _reductions(f.body)):

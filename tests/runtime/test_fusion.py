@@ -111,3 +111,16 @@ def test_an_inlined_sum_keeps_its_variables_apart_from_the_readers(rng):
     want = 2 * (x[:, :-2] + x[:, 1:-1] + x[:, 2:])
     np.testing.assert_allclose(shifted(x), want, rtol=1e-13)
     hd.check_grad(shifted, x)
+
+
+def test_a_func_read_at_a_data_dependent_index_stays_stored():
+    @hd.func
+    def pick(x, idx):
+        f = hd.compute((5,), lambda j: x[j] * 2.0, name="f")
+        return hd.compute(idx.shape, lambda i: f[idx[i]], name="picked")
+
+    x = np.arange(10.0)
+    np.testing.assert_array_equal(pick(x, np.array([0, 4, 2])), [0.0, 8.0, 4.0])
+    # 7 is inside x but outside f: inlined, f's read of x[7] would pass its check
+    with pytest.raises(hd.BoundsError, match="outside dimension 0 of f"):
+        pick(x, np.array([0, 4, 7]))
