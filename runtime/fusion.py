@@ -9,8 +9,9 @@ gradient reads it (`read_by_gradients`: every buffer the reverse-mode scatters o
 read, for every input, a superset of what any gradient kernel reads), and it is not a max or min
 (their gradients read the stored argmax). It has one reader, and:
 
-* a pointwise Func is inlined where that reader reads it once per point, or at a few points when
-  it is cheap (a relu read by a 2x2 pooling window is recomputed per tap, not stored);
+* a pointwise Func is inlined where the reader evaluates each of its points once on average (a
+  relu under a 2x2/2 pooling window, the squares under a sum), or up to MAX_RECOMPUTED times when
+  it is cheap (a relu under a 3x3 blur); an exp under a 5x5 window stays stored;
 * a sum or product is inlined into a pointwise reader that reads it once, at its own point (the
   division of a box filter's sum).
 
@@ -20,6 +21,7 @@ Func's shape, which inlining would lose.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -27,9 +29,9 @@ from halide_ad.ad import reverse_mode
 from halide_ad.errors import HalideADError
 from halide_ad.ir import Call, Expr, Func, Load, Program, Reduce, is_float
 from halide_ad.solver.bounds import checked_at_run_time
-from halide_ad.traverse import rewrite, substitute, walk
+from halide_ad.traverse import children, rewrite, substitute, walk
 
-MAX_RECOMPUTED = 9  # reads of a cheap pointwise Func per point of its reader
+MAX_RECOMPUTED = 9  # evaluations of each point of a cheap pointwise Func, inlined
 CHEAP_NODES = 16  # a pointwise Func this small (and free of math functions) is cheap to recompute
 _CHEAP_CALLS = ("neg", "not", "abs")
 
@@ -85,7 +87,18 @@ def _inlinable(f: Func, reader: Func) -> bool:
             return False
         return (len(loads) == 1 and not inside_reductions and f.shape == reader.shape
                 and loads[0].index == reader.vars)
-    return len(loads) == 1 or (len(loads) <= MAX_RECOMPUTED and _cheap(f.body))
+    times = math.prod(reader.shape) * _evaluations(reader.body, f.name) / max(1, math.prod(f.shape))
+    return times <= 1 or (times <= MAX_RECOMPUTED and _cheap(f.body))
+
+
+def _evaluations(e: Expr, name: str) -> int:
+    """How many times one point of the reader evaluates loads of `name`: each load once, times the
+    terms of every reduction around it (a window over a Func reads each of its points once per
+    window that covers it)."""
+    if isinstance(e, Load) and e.buffer == name:
+        return 1
+    inside = sum(_evaluations(c, name) for c in children(e))
+    return inside * math.prod(rv.hi - rv.lo for rv in e.rvars) if isinstance(e, Reduce) else inside
 
 
 def _cheap(e: Expr) -> bool:

@@ -124,3 +124,23 @@ def test_a_func_read_at_a_data_dependent_index_stays_stored():
     # 7 is inside x but outside f: inlined, f's read of x[7] would pass its check
     with pytest.raises(hd.BoundsError, match="outside dimension 0 of f"):
         pick(x, np.array([0, 4, 7]))
+
+
+def test_a_window_recomputes_only_cheap_funcs(rng):
+    @hd.func
+    def windows(x):
+        r, s = hd.rdom(3, 3)
+        wave = hd.compute(x.shape, lambda i, j: hd.sin(x[i, j]), name="wave")  # a math call: costly
+        clipped = hd.compute(x.shape, lambda i, j: hd.maximum(x[i, j], 0.0), name="clipped")
+        shape = (x.shape[0] - 2, x.shape[1] - 2)
+        return (hd.compute(shape, lambda i, j: hd.sum(wave[i + r, j + s]), name="smooth_wave"),
+                hd.compute(shape, lambda i, j: hd.sum(clipped[i + r, j + s]), name="smooth_clipped"))
+
+    x = rng.standard_normal((8, 9))
+    stored = _stored(windows, x)
+    assert "wave" in stored and "clipped" not in stored, stored
+    got = windows(x)
+    for out, inner in zip(got, (np.sin(x), np.maximum(x, 0)), strict=True):
+        want = sum(inner[r:r + 6, s:s + 7] for r in range(3) for s in range(3))
+        np.testing.assert_allclose(out, want, rtol=1e-13)
+    hd.check_grad(lambda x: windows(x)[0] + windows(x)[1], x + 0.01)  # (no kink of the max at 0)
