@@ -476,12 +476,7 @@ def _emit_row_reduction(w: Writer, em: Emitter, f: Func) -> None:
     store = em.index(f.name, f.vars, f.name)
     row = None if dtype == f.dtype else w.temp("row")
     acc = store if row is None else f"{row}[{k}]"
-    if row is not None and par is None:
-        w.line(f"{row} = np.empty({n}, np.{dtype})")
-    for d, v in enumerate(f.vars[:-1]):
-        _open_loop(w, em.name(v), f"0, {f.shape[d]}", d == par)
-        if row is not None and d == par:
-            w.line(f"{row} = np.empty({n}, np.{dtype})")
+    _open_rows(w, em, f.vars, f.shape, par, row, dtype)
     with w.block(f"for {k} in range(0, {n}):"):
         w.line(f"{acc} = {reduce_init(r, em, dtype)}")
     depth = w.depth
@@ -495,6 +490,18 @@ def _emit_row_reduction(w: Writer, em: Emitter, f: Func) -> None:
     if row is not None:
         with w.block(f"for {k} in range(0, {n}):"):
             w.line(f"{store} = {acc}")
+
+
+def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str | None, dtype: str) -> None:
+    """The loops over all but the last of `vars_` (prange on dimension `par`), for a loop nest run
+    a row at a time; where the row accumulates in a local array `row` of `dtype`, that array,
+    allocated once per parallel iteration (once in all, serially)."""
+    if row is not None and par is None:
+        w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
+    for d, v in enumerate(vars_[:-1]):
+        _open_loop(w, em.name(v), f"0, {shape[d]}", d == par)
+        if row is not None and d == par:
+            w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
 
 
 def _emit_extremum(w: Writer, em: Emitter, r: Reduce) -> None:
@@ -1071,13 +1078,7 @@ def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     row = None if dtype == adj.dtype else w.temp("row")
     acc = store if row is None else f"{row}[{k}]"
     terms = sum(_terms_per_element(g, shape) for g in gathers) * n
-    par = _parallel_dim(shape[:-1], terms)
-    if row is not None and par is None:
-        w.line(f"{row} = np.empty({n}, np.{dtype})")
-    for d, v in enumerate(vars_[:-1]):
-        _open_loop(w, em.name(v), f"0, {shape[d]}", d == par)
-        if row is not None and d == par:
-            w.line(f"{row} = np.empty({n}, np.{dtype})")
+    _open_rows(w, em, vars_, shape, _parallel_dim(shape[:-1], terms), row, dtype)
     first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
     first += [em.expr(p.value) for p in pieces if not p.loops]
     with w.block(f"for {k} in range(0, {n}):"):

@@ -196,3 +196,19 @@ def test_a_sum_to_one_point_runs_as_parallel_parts(rng, monkeypatch, dtype, shap
         assert source.count("parallel_for(forward_p") >= 4 and f"_part in range(0, {parts})" in source, source
     if dtype == np.float64:
         hd.check_grad(programs, x)
+
+
+def test_a_row_gradient_of_an_output_starts_from_its_cotangent(rng):
+    @hd.func
+    def scaled_and_scale(x, g0):
+        g = hd.compute(g0.shape, lambda c: g0[c] * 2.0, name="g")  # an output that y also reads
+        return hd.compute(x.shape, lambda n, c: hd.tanh(x[n, c] * g[c]), name="y"), g
+
+    x, g0 = rng.standard_normal((6, 5)), rng.standard_normal(5)
+    assert re.search(r"adj_g\[(\w+)\] = ct_g\[\1\]", hd.explain(scaled_and_scale, x, g0).backward_source)
+    (y, g), f_vjp = hd.vjp(scaled_and_scale, x, g0)
+    ct_y, ct_g = rng.standard_normal(y.shape), rng.standard_normal(g.shape)
+    dx, dg0 = f_vjp((ct_y, ct_g))
+    sech2 = 1 - np.tanh(x * 2 * g0) ** 2
+    np.testing.assert_allclose(dx, ct_y * sech2 * 2 * g0, rtol=1e-12)
+    np.testing.assert_allclose(dg0, 2 * (ct_g + (ct_y * sech2 * x).sum(axis=0)), rtol=1e-12)
