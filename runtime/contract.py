@@ -94,7 +94,8 @@ class Contraction:
         out = buffers[self.out].reshape(shapes[self.out])
         if assign:
             out.fill(0)
-        _write(out[key], np.einsum(f"{subs}->{out_subs}", view), self.scale, False)
+        # (a sum to one number is a numpy scalar, which _write cannot scale in place)
+        _write(out[key], np.asarray(np.einsum(f"{subs}->{out_subs}", view)), self.scale, False)
 
     def _plan(self, dtypes: dict[str, np.dtype]) -> _Plan:
         """The work for buffers of these dtypes (see `_Plan`), derived on stand-in arrays."""

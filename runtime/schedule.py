@@ -118,7 +118,7 @@ def _separable(gathers: list[Gather], i: Var, j: Var) -> Separable | None:
             return None
         at = (forms[0][1], forms[1][1])
         weights[at] = weights.get(at, 0.0) + scale
-    if src is None:
+    if src is None or not any(weights.values()):  # (taps that cancel: nothing to factor)
         return None
     r0, c0 = max(weights, key=lambda k: abs(weights[k]))
     rows = {r: weights.get((r, c0), 0.0) for r, _ in weights}

@@ -231,6 +231,10 @@ def _inputs(in_shape, seed):
 @example(case=((2, 3, 3), (("reshape", (2, 1, 3, 3)), ("scale", 0))), seed=0)  # an inlined adjoint read across a BLAS step
 @example(case=((2, 3, 4), (("reshape", (2, 3, 4, 1)), ("reshape", (1, 4, 3, 2)), ("reshape", (2, 3, 4, 1)))),
          seed=2)  # div/mod towers: they took minutes to inline and split
+@example(case=((1, 2, 2, 2), (("upsample", 0, 2), ("reshape", (16,)), ("softmax", 0))),
+         seed=0)  # a negated numpy sum to one number (softmax's max over 16 entries)
+@example(case=((1, 1, 1), (("stencil", 0, "repeat_edge", (1, 2, -1), (0.5, 0.5, -1.0)),)),
+         seed=0)  # a window whose taps cancel at a size-1 edge: no separable factors
 def test_random_program_equals_reference(case, seed):
     in_shape, stages = case
     x, w, rng = _inputs(in_shape, seed)
