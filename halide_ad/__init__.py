@@ -8,7 +8,7 @@ from halide_ad.expr import Expr
 from halide_ad.tensor import BoundaryView, Tensor, compute, rdom
 from halide_ad.functions import (abs, argmax, argmin, atan2, cast, ceil, clamp, cos, erf, exp, floor, log,
                                  log1p, max, maximum, mean, min, minimum, pow, prod, relu, round, rsqrt,
-                                 sigmoid, sign, sin, sqrt, sum, tan, tanh, where)
+                                 sigmoid, sign, sin, sqrt, stop_gradient, sum, tan, tanh, where)
 from halide_ad.api import Function, func, grad, value_and_grad, vjp
 from halide_ad.explain import explain
 from halide_ad.check import check_grad
@@ -37,5 +37,5 @@ __all__ = [
     "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "erf", "exp",
     "explain", "floor", "func", "grad", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
     "mirror", "pow", "prod", "rdom", "relu", "repeat_edge", "round", "rsqrt", "sigmoid", "sign", "sin",
-    "sqrt", "sum", "tan", "tanh", "value_and_grad", "vjp", "where",
+    "sqrt", "stop_gradient", "sum", "tan", "tanh", "value_and_grad", "vjp", "where",
 ]

@@ -14,7 +14,7 @@ import numpy as np
 from halide_ad.errors import InternalError, NotDifferentiableError
 from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
                           Select, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
-from halide_ad.traverse import conjunction, simplify, substitute, walk
+from halide_ad.traverse import children, conjunction, simplify, substitute, walk
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ CALL_RULES: dict[str, Callable[[Call, Expr], tuple[Expr | None, ...]]] = {
     "abs": lambda n, g: (_mul(g, Call("sign", n.args)),),                      # 0 at 0
     "atan2": lambda n, g: _atan2(n, g),
     "sign": lambda n, g: (None,),
+    "stop_gradient": lambda n, g: (None,),
     "floor": lambda n, g: (None,),
     "ceil": lambda n, g: (None,),
     "round": lambda n, g: (None,),
@@ -127,7 +128,16 @@ def differentiable_buffers(program: Program, wrt: tuple[str, ...]) -> set[str]:
 
 
 def _loads(f: Func) -> list[Load]:
-    return [n for n in walk(f.body) if isinstance(n, Load)]
+    """The loads in `f` that a gradient can flow through: not those under hd.stop_gradient."""
+    out, stack = [], [f.body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Call) and e.fn == "stop_gradient":
+            continue
+        if isinstance(e, Load):
+            out.append(e)
+        stack.extend(children(e))
+    return out
 
 
 def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:

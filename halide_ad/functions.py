@@ -41,6 +41,9 @@ sign = _unary("sign", np.sign)
 floor = _unary("floor", np.floor)
 ceil = _unary("ceil", np.ceil)
 round = _unary("round", np.rint)  # noqa: A001  half to even, as numpy
+# x's value with no gradient through it (jax.lax.stop_gradient, torch's detach): for terms whose
+# gradient is zero in exact arithmetic (softmax's shift by its maximum), so it is not computed
+stop_gradient = _unary("stop_gradient", lambda x: x)
 atan2 = _elementwise("atan2", lambda y, x: call("atan2", y, x), np.arctan2)
 pow = _elementwise("pow", lambda a, b: a ** b, np.power)  # noqa: A001
 sigmoid = _elementwise("sigmoid", lambda x: 1 / (1 + call("exp", -x)), lambda x: 1 / (1 + np.exp(-x)))

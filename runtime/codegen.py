@@ -126,7 +126,7 @@ class Emitter:
                 return f"({self.expr(a)} {op.value} {self.expr(b)})"
             case Call("neg", (a,)):
                 return f"(-{self.expr(a)})"
-            case Call(fn, (a,)) if fn == RUN_TIME_CHECKED:  # Emitter.index adds the check
+            case Call(fn, (a,)) if fn in (RUN_TIME_CHECKED, "stop_gradient"):  # (Emitter.index checks)
                 return self.expr(a)
             case Call("not", (a,)):
                 return f"(not {self.expr(a)})"

@@ -33,7 +33,7 @@ from halide_ad.traverse import children, rewrite, substitute, walk
 
 MAX_RECOMPUTED = 9  # evaluations of each point of a cheap pointwise Func, inlined
 CHEAP_NODES = 16  # a pointwise Func this small (and free of math functions) is cheap to recompute
-_CHEAP_CALLS = ("neg", "not", "abs")
+_CHEAP_CALLS = ("neg", "not", "abs", "stop_gradient")
 
 
 def read_by_gradients(program: Program) -> set[str] | None:

@@ -59,7 +59,7 @@ _CALLS = {RUN_TIME_CHECKED: lambda i: i, "neg": np.negative, "not": np.logical_n
           "sqrt": np.sqrt, "rsqrt": lambda x: np.reciprocal(np.sqrt(x)), "sin": np.sin, "cos": np.cos,
           "tan": np.tan, "tanh": np.tanh, "erf": np.vectorize(math.erf, otypes=[np.float64]),
           "abs": np.abs, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
-          "round": np.rint, "atan2": np.arctan2}  # round: half to even
+          "round": np.rint, "atan2": np.arctan2, "stop_gradient": lambda x: x}  # round: half to even
 
 
 def _eval(e: Expr, env: Env) -> np.ndarray:

@@ -32,11 +32,14 @@ def _number(op: str, name: str, v, *, lo: float | None = None, hi: float | None 
 def _softmax_parts(op: str, x, axis):
     """(x, axis, m, e, s): the maximum m along `axis`, e = exp(x - m), and the sum s of e along
     `axis` (m and s kept as size 1). e is a Func of its own: its derivative is its value, so the
-    gradient reads it instead of computing exp again (a third of softmax's gradient)."""
+    gradient reads it instead of computing exp again (a third of softmax's gradient). The shift
+    by m changes no result, so its gradient is zero in exact arithmetic: m is a stop_gradient,
+    and the gradient makes no pass for it."""
     x = check.tensor(op, "x", x)
     a = check.axis(op, axis, x.ndim)
     m = reduce_axes("max", lambda i: x[i], x.shape, (a,), name=f"{op}_max")
-    e = hd.compute(x.shape, lambda *i: hd.exp(x[i] - m[at_kept(i, (a,))]), name=f"{op}_exp")
+    e = hd.compute(x.shape, lambda *i: hd.exp(x[i] - hd.stop_gradient(m[at_kept(i, (a,))])),
+                   name=f"{op}_exp")
     s = reduce_axes("sum", lambda i: e[i], x.shape, (a,), name=f"{op}_sum")
     return x, a, m, e, s
 
@@ -52,8 +55,8 @@ def softmax(x, axis=-1):
 def log_softmax(x, axis=-1):
     """x - log(sum(exp(x))) along `axis`, computed stably. Same shape as x."""
     x, a, m, e, s = _softmax_parts("log_softmax", x, axis)
-    return hd.compute(x.shape, lambda *i: x[i] - m[at_kept(i, (a,))] - hd.log(s[at_kept(i, (a,))]),
-                      name="log_softmax")
+    shift = lambda i: hd.stop_gradient(m[at_kept(i, (a,))]) + hd.log(s[at_kept(i, (a,))])  # noqa: E731
+    return hd.compute(x.shape, lambda *i: x[i] - shift(i), name="log_softmax")
 
 
 @hd.func
@@ -87,8 +90,11 @@ def _normalized(op: str, x: Tensor, gamma, beta, axes: tuple[int, ...], param_ax
 
     def centered(i):
         return x[i] - mean[at_kept(i, axes)]
-    var = reduce_axes("sum", lambda i: centered(i) * centered(i), x.shape, axes, scale=inv_count,
-                      name=f"{op}_var")
+
+    def centered_for_var(i):  # d var / d mean = -2 mean(x - mean) = 0: no pass for it
+        return x[i] - hd.stop_gradient(mean[at_kept(i, axes)])
+    var = reduce_axes("sum", lambda i: centered_for_var(i) * centered_for_var(i), x.shape, axes,
+                      scale=inv_count, name=f"{op}_var")
 
     def body(*i):
         v = centered(i) * hd.rsqrt(var[at_kept(i, axes)] + eps)
@@ -292,7 +298,7 @@ def cross_entropy(logits, target, weight=None, ignore_index=-100, reduction="mea
     _, _, m, _, s = _softmax_parts(op, logits, 1)
 
     def logp_at(n, c, *rest):  # log_softmax, fused into the loss: no Func of its own
-        return logits[(n, c) + rest] - m[(n, 0) + rest] - hd.log(s[(n, 0) + rest])
+        return logits[(n, c) + rest] - hd.stop_gradient(m[(n, 0) + rest]) - hd.log(s[(n, 0) + rest])
 
     if target.dtype.kind != "f":
         return _nll(op, logp_at, logits.shape[1], target, weight, ignore_index, reduction, logits.dtype)

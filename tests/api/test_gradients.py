@@ -111,3 +111,27 @@ def test_against_torch(rng):
     st = torch.tensor(s, requires_grad=True)
     (ts,) = torch.autograd.grad(torch.softmax(st, dim=1), (st,), torch.tensor(ct))
     np.testing.assert_allclose(f_vjp(ct)[0], ts.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_stop_gradient_keeps_the_value_and_drops_the_gradient(rng):
+    @hd.func
+    def damped(x):  # x * detach(x): the value x**2, the gradient x (not 2x)
+        return hd.compute(x.shape, lambda i: x[i] * hd.stop_gradient(x[i]))
+
+    x = rng.standard_normal(7)
+    out, f_vjp = hd.vjp(damped, x)
+    np.testing.assert_allclose(out, x * x, rtol=1e-15)
+    (g,) = f_vjp(np.ones(7))
+    np.testing.assert_allclose(g, x, rtol=1e-15)
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x, requires_grad=True)
+    (tg,) = torch.autograd.grad((tx * tx.detach()).sum(), tx)
+    np.testing.assert_allclose(g, tg.numpy(), rtol=1e-15)
+    assert hd.stop_gradient(2.5) == 2.5  # on numbers and arrays, the identity
+    np.testing.assert_array_equal(hd.stop_gradient(x), x)
+
+
+def test_a_fully_stopped_input_gets_a_zero_gradient(rng):
+    x = rng.standard_normal(5)
+    (g,) = hd.vjp(hd.func(lambda x: hd.stop_gradient(x) * 3.0), x)[1](np.ones(5))
+    np.testing.assert_array_equal(g, np.zeros(5))
