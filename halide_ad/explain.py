@@ -25,6 +25,7 @@ class Explanation:
     contributions: tuple[Contribution, ...]
     forward_source: str
     backward_source: str
+    fused: tuple[str, ...] = ()  # Funcs the forward computes where they are read, not stored
 
     def forms(self, buffer: str | None = None) -> list[str]:
         return [c.form for c in self.contributions if buffer is None or c.buffer == buffer]
@@ -32,7 +33,8 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"== halide_ad: {self.program.name}", "", "-- forward IR"]
         lines += [f"  {b.name}: input {b.dtype}{list(b.shape)}" for b in self.program.inputs]
-        lines += [f"  {show_func(f)}" for f in self.program.funcs]
+        fused = "  [not stored: computed where it is read]"
+        lines += [f"  {show_func(f)}" + (fused if f.name in self.fused else "") for f in self.program.funcs]
         lines += [f"  outputs: {', '.join(self.program.outputs)}", "", "-- adjoint contributions"]
         for c in self.contributions:
             lines.append(f"  [{c.form}] {c.formula}" + (f"   ({c.loc})" if c.loc else ""))
@@ -73,4 +75,5 @@ def explain(fn, *args, **kwargs) -> Explanation:
             contributions.append(Contribution(s.buffer, c.form, formula,
                                               c.reason if isinstance(c, Fallback) else None,
                                               str(s.loc) if s.loc else None))
-    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source)
+    fused = tuple(f.name for f in traced.program.funcs if f.name not in forward.buffers())
+    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused)

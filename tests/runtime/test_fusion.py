@@ -1,5 +1,7 @@
 """Forward fusion (runtime/fusion.py): which Funcs the forward computes where they are read, and
 that values and gradients are unchanged (against numpy, PyTorch and finite differences)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -39,6 +41,10 @@ def pooled_relu(x):
 def test_a_sum_and_its_scaling_are_one_pass(rng, dtype):
     x = rng.standard_normal((7, 9)).astype(dtype)
     assert _stored(box_mean, x) == {"box"} and _funcs(box_mean, x) == {"box", "box_sum"}
+    explained = hd.explain(box_mean, x)
+    assert explained.fused == ("box_sum",)
+    listing = str(explained)
+    assert re.search(r"box_sum\[i, j\] = sum\(.*\[not stored: computed where it is read\]", listing), listing
     want = sum(x[r:r + 5, s:s + 7] for r in range(3) for s in range(3)) / 9
     np.testing.assert_allclose(box_mean(x), want, rtol=1e-6 if dtype == np.float32 else 1e-13)
     if dtype == np.float64:
