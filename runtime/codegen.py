@@ -573,7 +573,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         if not opened and splits[k] is None and _gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
             _emit_row_gathers(w, em, plan, gathers[k], name)
             return
-        terms = sum(_terms_per_element(g, adj.shape) for g in gathers[k]) if not opened else 1
+        terms = _gather_terms(gathers[k], adj.shape) if not opened else 1
         _split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms)
 
     k = 0
@@ -1004,9 +1004,7 @@ def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float],
     (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
     bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
     every operation)."""
-    s = g.scatter
-    w.line(f"# {g.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
-           + (f"  ({s.loc})" if s.loc else ""))
+    _describe(w, g)
     for piece in g.pieces:
         product = None if piece.loops or any(piece.guards) else factors(piece.value)
         if product is not None and all(x.dtype == dtype for x in product[0]):
@@ -1030,17 +1028,16 @@ def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float],
         w.depth = depth
 
 
-def _terms_per_element(g, shape: tuple[int, ...]) -> float:
-    """How many terms the gather adds per element on average: its scatter's points over the
+def _gather_terms(gathers, shape: tuple[int, ...]) -> float:
+    """How many terms the gathers add per element on average: their scatters' points over the
     adjoint's elements (a bias's gradient sums a whole batch per element, a pooling window's a
     few)."""
-    return math.prod(r.hi - r.lo for r in g.scatter.domain) / max(1, math.prod(shape))
+    return sum(math.prod(r.hi - r.lo for r in g.scatter.domain) for g in gathers) / max(1, math.prod(shape))
 
 
 def _wide_gathers(gs, adj) -> bool:
     """Whether the gathers' sum accumulates in float64 (`accumulator_dtype`)."""
-    terms = sum(_terms_per_element(g, adj.shape) for g in gs)
-    return accumulator_dtype("sum", adj.dtype, terms) != adj.dtype
+    return accumulator_dtype("sum", adj.dtype, _gather_terms(gs, adj.shape)) != adj.dtype
 
 
 def _gathers_by_rows(vars_, shape, gathers) -> bool:
@@ -1054,15 +1051,12 @@ def _gathers_by_rows(vars_, shape, gathers) -> bool:
     windows = [p for p in pieces if p.loops]
     if not windows or any(c for p in pieces for level in p.guards for c in level):
         return False
-    if any(last in _vars_of(b) for p in windows for loop in p.loops for b in (loop.lo, loop.hi)):
+    if any(isinstance(b, Expr) and last in free_vars(b) for p in windows for loop in p.loops
+           for b in (loop.lo, loop.hi)):
         return False
     return any(_unit_stride(p.value, last) for p in windows) and not any(
-        n.index and _vars_of(n.index[-1]) & {loop.var for loop in p.loops}
+        n.index and free_vars(n.index[-1]) & {loop.var for loop in p.loops}
         for p in windows for n in walk(p.value) if isinstance(n, Load))
-
-
-def _vars_of(e) -> set[Var]:
-    return {n for n in walk(e) if isinstance(n, Var)} if isinstance(e, Expr) else set()
 
 
 def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
@@ -1077,16 +1071,13 @@ def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     store = em.index(name, vars_, name)
     row = None if dtype == adj.dtype else w.temp("row")
     acc = store if row is None else f"{row}[{k}]"
-    terms = sum(_terms_per_element(g, shape) for g in gathers) * n
-    _open_rows(w, em, vars_, shape, _parallel_dim(shape[:-1], terms), row, dtype)
+    _open_rows(w, em, vars_, shape, _parallel_dim(shape[:-1], _gather_terms(gathers, shape) * n), row, dtype)
     first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
     first += [em.expr(p.value) for p in pieces if not p.loops]
     with w.block(f"for {k} in range(0, {n}):"):
         w.line(f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
     for g in gathers:
-        s = g.scatter
-        w.line(f"# {g.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
-               + (f"  ({s.loc})" if s.loc else ""))
+        _describe(w, g)
         for p in g.pieces:
             if not p.loops:
                 continue
@@ -1103,10 +1094,16 @@ def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     w.depth = outer
 
 
+def _describe(w: Writer, c) -> None:
+    """A comment naming contribution `c` (a Gather or a Fallback): its form, scatter and source."""
+    s = c.scatter
+    w.line(f"# {c.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+           + (f"  ({s.loc})" if s.loc else ""))
+
+
 def _emit_scatter(w: Writer, em: Emitter, f, adj_name: str) -> None:
     s = f.scatter
-    w.line(f"# {f.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
-           + (f"  ({s.loc})" if s.loc else ""))
+    _describe(w, f)
     w.line(f"# kept as a scatter: {f.reason}")
     depth = w.depth
     order = sorted(s.domain, key=lambda r: r.var != f.parallel)

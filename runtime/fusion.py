@@ -29,7 +29,7 @@ from halide_ad.ad import reverse_mode
 from halide_ad.errors import HalideADError
 from halide_ad.ir import Call, Expr, Func, Load, Program, Reduce, is_float
 from halide_ad.solver.bounds import checked_at_run_time
-from halide_ad.traverse import children, rewrite, substitute, walk
+from halide_ad.traverse import children, loads, rewrite, substitute, walk
 
 MAX_RECOMPUTED = 9  # evaluations of each point of a cheap pointwise Func, inlined
 CHEAP_NODES = 16  # a pointwise Func this small (and free of math functions) is cheap to recompute
@@ -70,7 +70,7 @@ def inline_stages(program: Program, is_contraction: Callable[[Func], bool]) -> t
 
 
 def _loads_of(e: Expr, name: str) -> list[Load]:
-    return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
+    return [n for n in loads(e) if n.buffer == name]
 
 
 def _reductions(e: Expr) -> list[Reduce]:
@@ -78,15 +78,15 @@ def _reductions(e: Expr) -> list[Reduce]:
 
 
 def _inlinable(f: Func, reader: Func) -> bool:
-    loads = _loads_of(reader.body, f.name)
-    if any(map(checked_at_run_time, (e for n in loads for e in n.index))):
+    reads = _loads_of(reader.body, f.name)
+    if any(map(checked_at_run_time, (e for n in reads for e in n.index))):
         return False  # the check is against f's shape: inlined, f's own reads would go unchecked
-    inside_reductions = [n for r in _reductions(reader.body) for n in _loads_of(r, f.name)]
     if _reductions(f.body):
         if any(r.op not in ("sum", "prod") for r in _reductions(f.body)):
             return False
-        return (len(loads) == 1 and not inside_reductions and f.shape == reader.shape
-                and loads[0].index == reader.vars)
+        inside_reductions = [n for r in _reductions(reader.body) for n in _loads_of(r, f.name)]
+        return (len(reads) == 1 and not inside_reductions and f.shape == reader.shape
+                and reads[0].index == reader.vars)
     times = math.prod(reader.shape) * _evaluations(reader.body, f.name) / max(1, math.prod(f.shape))
     return times <= 1 or (times <= MAX_RECOMPUTED and _cheap(f.body))
 
