@@ -28,6 +28,7 @@ import numpy as np
 from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float
 from halide_ad.show import show
 from halide_ad.runtime.buffers import pool
+from halide_ad.runtime.parallel import copy_all, matmul
 from halide_ad.solver.affine import linear_form
 
 MAX_TAPS = 64
@@ -320,14 +321,27 @@ class _Plan:
     def copy(self, dst: _Lazy, src: _Lazy) -> None:
         self.copies.append((dst, src))
 
+    @functools.cached_property
+    def rounds(self) -> list[list[tuple[_Lazy, _Lazy | None]]]:
+        """The zero fills (no source) and copies, in rounds that read only what earlier rounds
+        wrote, so that each round's run in parallel (`copy_all`): a copy comes after the fill
+        of the temporary it writes and after the copies into the temporary it reads."""
+        filled = {k: 0 for k, (*_, zero) in enumerate(self.temporaries) if zero}
+        rounds = [[(_Lazy(k, (), None), None) for k in filled]]
+        written: dict = {}
+        for dst, src in self.copies:
+            at = max(filled.get(dst.source, -1), written.get(src.source, -1)) + 1
+            written[dst.source] = max(written.get(dst.source, 0), at)
+            rounds += [[] for _ in range(at + 1 - len(rounds))]
+            rounds[at].append((dst, src))
+        return rounds
+
     def run(self, arrays: dict[str, np.ndarray], scale: float, assign: bool) -> None:
         sources: dict = dict(arrays)
-        for k, (shape, dtype, zero) in enumerate(self.temporaries):
+        for k, (shape, dtype, _) in enumerate(self.temporaries):
             sources[k] = pool.empty(shape, dtype)
-            if zero:
-                sources[k].fill(0)
-        for dst, src in self.copies:
-            np.copyto(dst(sources), src(sources))
+        for copies in self.rounds:
+            copy_all([(dst(sources), src if src is None else src(sources)) for dst, src in copies])
         out = arrays[self.out]
         if self.windows is not None:
             unwritten = self.unwritten if assign else []
@@ -434,9 +448,10 @@ def _matmul(va, sa: str, vb, sb: str, out: str, into: np.ndarray | None = None) 
     shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2])
     if (into is not None and plan.images == "batched" and plan.perm == tuple(range(len(plan.perm)))
             and into.shape == plan.shape and into.flags.c_contiguous and into.dtype == va.dtype):
-        np.matmul(a, b, out=into.reshape(shape))
+        matmul(a, b, into.reshape(shape))
         return None
-    product = np.matmul(a, b, out=pool.empty(shape, va.dtype))
+    product = pool.empty(shape, va.dtype)
+    matmul(a, b, product)
     if plan.images == "summed":
         product = product.sum(axis=0)
     return product.reshape(plan.shape).transpose(plan.perm)

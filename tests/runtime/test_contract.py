@@ -6,7 +6,9 @@ import re
 
 import numpy as np
 import pytest
-from halide_ad.runtime.contract import SMALL_PRODUCT, Contraction, _matmul, _matmul_plan, _unwritten
+from halide_ad.runtime import parallel
+from halide_ad.runtime.contract import (SMALL_PRODUCT, Contraction, _Lazy, _matmul, _matmul_plan, _Plan,
+                                         _stand_in, _unwritten)
 
 import halide_ad as hd
 from halide_ad import compiler
@@ -122,10 +124,16 @@ def correlations(monkeypatch, fresh_plans):
 
 @pytest.mark.parametrize("stride, taps", [(1, (3, 3)), (2, (3, 3)), (3, (2, 3)), (2, (1, 4))])
 @pytest.mark.parametrize("tap_products", [True, False])
-def test_input_gradient_as_correlation_matches_torch(stride, taps, tap_products, correlations, monkeypatch):
+@pytest.mark.parametrize("on_threads", [False, True])
+def test_input_gradient_as_correlation_matches_torch(stride, taps, tap_products, on_threads, correlations,
+                                                     monkeypatch):
     """Strided, the input's gradient is a product per tap and a gather (`_tap_product`); where
-    those products would be too big, one correlation per stride phase."""
+    those products would be too big, one correlation per stride phase. `on_threads`: every copy
+    and product split over the threads, as big ones are."""
     torch = pytest.importorskip("torch")
+    if on_threads:
+        monkeypatch.setattr(parallel, "PARALLEL_COPY_BYTES", 0)
+        monkeypatch.setattr(parallel, "SMALL_MATMUL", 0)
     if not tap_products:
         monkeypatch.setattr(compiler, "MAX_TAP_PRODUCT_BYTES", 0)
     rng = np.random.default_rng(2)
@@ -179,6 +187,22 @@ def test_strided_input_gradient_is_a_product_per_tap_and_a_gather(shape, stride,
     tol = 1e-10 if dtype == np.float64 else 1e-4
     np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=tol, atol=tol)
     np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_copies_run_in_rounds_after_what_they_read():
+    """A temporary's fill comes before the copies into it, and those before the copies that
+    read it (a zero-padded operand, then its stacked windows): each round runs in parallel."""
+    plan = _Plan("out")
+    padded = plan.temporary((2, 6), np.float32, zero=True)
+    stacked = plan.temporary((2, 3, 4), np.float32)
+    other = plan.temporary((2, 4), np.float32)
+    x = _Lazy("x", (), _stand_in((2, 4), np.float32))
+    plan.copy(padded[:, 1:5], x)
+    for t in range(3):
+        plan.copy(stacked[:, t], padded[:, t:t + 4])
+    plan.copy(other, x)
+    rounds = [[(d.source, None if s is None else s.source) for d, s in r] for r in plan.rounds]
+    assert rounds == [[(0, None), (2, "x")], [(0, "x")], [(1, 0)] * 3], rounds
 
 
 def test_unwritten_parts_of_tiled_windows():

@@ -8,7 +8,8 @@ import sys
 import numba
 import numpy as np
 import pytest
-from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, COARSE, _noalias, kernel, parallel_for
+from halide_ad.runtime import parallel
+from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, COARSE, _noalias, copy_all, kernel, matmul, parallel_for
 
 import halide_ad as hd
 from halide_ad.api import as_function
@@ -112,6 +113,41 @@ def test_a_gradient_of_large_planes_compiles_no_loop_around_its_body():
     (step,) = [s for s in kernel.steps if hasattr(s, "fn")]
     compiled = {d.py_func.__name__: len(d.overloads) for d in step.fn.dispatchers}
     assert compiled["backward0_b0"] == 1 and compiled["backward0_p1"] == 0, compiled
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parallel_bytes", [0, 1 << 30])
+def test_copy_all_copies_strided_windows_and_fills(threads, dtype, parallel_bytes, monkeypatch):
+    """Image by image on the threads, or in one go: windows read at a stride into a stack, a
+    fill, a 0-d copy and a small one, each exactly as np.copyto and fill would."""
+    monkeypatch.setattr(parallel, "PARALLEL_COPY_BYTES", parallel_bytes)
+    x = np.random.default_rng(0).standard_normal((5, 3, 64, 70)).astype(dtype)
+    stack = np.full((5, 4, 3, 31, 34), np.nan, dtype)
+    zeros = np.full((7, 300), np.nan, dtype)
+    scalar, small = np.zeros((), dtype), np.zeros(3, dtype)
+    windows = [(stack[:, 2 * r + s], x[:, :, r:r + 61:2, s:s + 67:2]) for r in range(2) for s in range(2)]
+    copy_all(windows + [(zeros, None), (scalar, x[0, 0, 0, 0]), (small, x[1, 2, 3, :3])])
+    for r in range(2):
+        for s in range(2):
+            np.testing.assert_array_equal(stack[:, 2 * r + s], x[:, :, r:r + 61:2, s:s + 67:2])
+    assert not zeros.any() and scalar == x[0, 0, 0, 0]
+    np.testing.assert_array_equal(small, x[1, 2, 3, :3])
+
+
+@pytest.mark.parametrize("shapes", [((6, 40, 50), (6, 50, 30)), ((1, 40, 50), (6, 50, 30)),
+                                    ((5, 40, 50), (1, 50, 30)), ((1, 300, 200), (1, 200, 150))])
+def test_matmul_on_the_kernel_threads_equals_numpy(threads, shapes, monkeypatch):
+    """Split by images or, for one product, by rows, BLAS on one thread in each part; the
+    BLAS thread count is restored afterwards."""
+    monkeypatch.setattr(parallel, "SMALL_MATMUL", 0)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(s) for s in shapes)
+    b = b.transpose(0, 2, 1).copy().transpose(0, 2, 1)  # a strided operand, as contractions pass
+    out = np.full((max(len(a), len(b)), a.shape[1], b.shape[2]), np.nan)
+    before = [lib.num_threads for lib in parallel._blas_libraries()]
+    matmul(a, b, out)
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-12)
+    assert [lib.num_threads for lib in parallel._blas_libraries()] == before
 
 
 FORKED = """
