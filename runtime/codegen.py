@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, replace
 from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range,
                           Reduce, Select, Var, INDEX_DTYPE, adjoint_name, argindex_name, dtype_of, is_float)
 from halide_ad.show import show, show_func
+from halide_ad.solver import Gather, GatherPiece
 from halide_ad.solver.affine import Affine, linear_form
 from halide_ad.solver.bounds import checked_at_run_time, interval, is_data_dependent
 from halide_ad.runtime.contract import factors
-from halide_ad.runtime.schedule import interior, piece_exprs
+from halide_ad.runtime.schedule import Split, interior, piece_exprs
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import free_vars, simplify, substitute, walk
 
@@ -380,6 +381,8 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
         depth = w.depth
         if _reduces_by_rows(f):
             _emit_row_reduction(w, em, f)
+        elif (split := _pointwise_phases(f)) is not None:
+            _emit_phased(w, em, f, split)
         else:
             _loop_nest(w, em, f.vars, f.shape, _terms(f.body) if isinstance(f.body, Reduce) else 1)
             store = em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
@@ -390,6 +393,38 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
         w.depth = depth
     w.line("return None")
     return _function(em, entry), list(em.used), em.checks
+
+
+def _pointwise_phases(f: Func) -> Split | None:
+    """How to run a pointwise definition that reads through quotients or parities of its
+    innermost variables (`x[i // 2]`, a 2x upsampling; a bilinear weight's `i % 2 == 0`): split
+    as the gradient's gathers are (runtime/schedule.py), those dimensions in phases j = s*q + p,
+    in each of which every quotient is q + a constant and every parity test is decided, so that
+    the loads are unit-stride and the loop vectorizes. None where there are no phases to run."""
+    if isinstance(f.body, Reduce) or not f.vars:
+        return None
+    split = interior(f.vars, f.shape, [_as_gather(f)])
+    if split is None or not split.phased:
+        return None
+    gathers = [g for gs in split.phases.values() for g in gs] + [g for _, gs in split.outside for g in gs]
+    if any(len(g.pieces) != 1 or g.pieces[0].loops or any(g.pieces[0].guards) for g in gathers):
+        return None
+    return split
+
+
+def _as_gather(f: Func) -> Gather:
+    """A pointwise definition as a gather of one term, which the schedule splits as it does
+    the gradient's."""
+    return Gather(None, f.vars, (GatherPiece((), ((),), f.body, ()),))
+
+
+def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
+    def body(gs, at=None, terms=(), terms_dtype=None):
+        index = tuple((at or {}).get(v, v) for v in f.vars)
+        values = [em.expr(p.value) for g in gs for p in g.pieces] + _weighted_sums(em, list(terms), f.dtype)
+        w.line(f"{em.index(f.name, index, f.name)} = {' + '.join(values)}")
+
+    _split_loop_nest(w, em, f.vars, f.shape, split, body, [_as_gather(f)], f.name)
 
 
 def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
@@ -531,7 +566,6 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     names and shapes of buffers that earlier steps of the gradient filled and that no program
     buffer is the adjoint of (a strided convolution's products per tap).
     """
-    from halide_ad.solver import Gather
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {adjoint_name(n): sh for n, sh in shapes.items()}  # inlined adjoints read ones stored earlier
     shapes |= dict(temporaries)

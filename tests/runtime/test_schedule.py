@@ -1,4 +1,5 @@
-"""Scheduling of gradient kernels: strided windows in phases, pointwise adjoints not stored.
+"""Scheduling of gradient kernels (strided windows in phases, pointwise adjoints not stored) and of
+pointwise forward definitions (in phases where they read through quotients and parities).
 Each schedule is checked for its shape in the generated source and against the serial scatter
 reference (odd sizes, so that boundaries and partial periods run)."""
 import ast
@@ -326,3 +327,27 @@ def test_edge_columns_run_inside_the_row_loop(fn, shape, row):
     assert re.search(r"range\(0, \d\):|^ *\w+ = 0$", text, re.M), source
     assert f", {width})" in text or re.search(rf"^ *\w+ = {width - 1}$", text, re.M), source
     _matches_scatter_reference(fn, x)
+
+
+@hd.func
+def upsample_odd(x):
+    """Nearest 2x, one row and one column short: partial periods at the end."""
+    return hd.compute((2 * x.shape[0] - 1, 2 * x.shape[1] - 1), lambda i, j: x[i // 2, j // 2] * 2)
+
+
+@pytest.mark.parametrize("fn, shape, dtype", [(bilinear2x, (5, 7), np.float64),
+                                              (bilinear2x_planes, (2, 3, 6, 4), np.float32),
+                                              (upsample_odd, (4, 5), np.float64),
+                                              (upsample_odd, (3, 2), np.int64)])
+def test_pointwise_forward_runs_in_phases(fn, shape, dtype):
+    """A definition read through quotients and parities of its innermost variables runs, as a
+    strided gradient does, in phases j = s*q + p, with no quotient or parity of j left; the
+    points past the last whole period run the definition as written."""
+    x = (np.arange(np.prod(shape)) * 7 % 11 - 5).astype(dtype).reshape(shape)
+    source = hd.explain(fn, x).forward_source
+    assert "# phase 1 of" in source, source
+    phased = source.split("# phase 0 of")[1]
+    assert not re.search(r"\b(i|j)\)? *(>>|//|&|%)", phased), source
+    traced, arrays = as_function(fn).trace((x,), {})
+    expected = evaluate(traced.program, arrays)[traced.program.outputs[0]]
+    np.testing.assert_array_equal(fn(x), expected)
