@@ -137,7 +137,7 @@ def test_copy_all_copies_strided_windows_and_fills(threads, dtype, parallel_byte
 @pytest.mark.parametrize("shapes", [((6, 40, 50), (6, 50, 30)), ((1, 40, 50), (6, 50, 30)),
                                     ((5, 40, 50), (1, 50, 30)), ((1, 300, 200), (1, 200, 150))])
 def test_matmul_on_the_kernel_threads_equals_numpy(threads, shapes, monkeypatch):
-    """Split by images or, for one product, by rows, BLAS on one thread in each part; the
+    """Split by images, BLAS on one thread for each (a single product as numpy runs it); the
     BLAS thread count is restored afterwards."""
     monkeypatch.setattr(parallel, "SMALL_MATMUL", 0)
     rng = np.random.default_rng(1)
