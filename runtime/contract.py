@@ -324,7 +324,7 @@ class _Plan:
     @functools.cached_property
     def rounds(self) -> list[list[tuple[_Lazy, _Lazy | None]]]:
         """The zero fills (no source) and copies, in rounds that read only what earlier rounds
-        wrote, so that each round's run in parallel (`copy_all`): a copy comes after the fill
+        wrote, so that each round runs in parallel (`copy_all`): a copy comes after the fill
         of the temporary it writes and after the copies into the temporary it reads."""
         filled = {k: 0 for k, (*_, zero) in enumerate(self.temporaries) if zero}
         rounds = [[(_Lazy(k, (), None), None) for k in filled]]

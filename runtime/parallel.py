@@ -32,7 +32,7 @@ from numba import njit
 
 CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
-PARALLEL_COPY_BYTES = 1 << 20
+PARALLEL_COPY_BYTES = 1 << 20  # copies smaller in all run on the calling thread
 SMALL_MATMUL = 1 << 22  # multiply-adds, below which BLAS is called as is: a thread costs ~50 us
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -138,16 +138,29 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 @contextlib.contextmanager
 def _one_blas_thread():
-    """BLAS on the calling thread only, for the duration (threadpoolctl finds numpy's BLAS)."""
-    libraries = _blas_libraries()
-    before = [lib.num_threads for lib in libraries]
-    for lib in libraries:
-        lib.set_num_threads(1)
+    """BLAS on the calling thread only, for the duration (threadpoolctl finds numpy's BLAS).
+    Gradients running at once on several user threads share one setting: the first to enter
+    saves the counts, the last to leave restores them."""
+    global _blas_users, _blas_before
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_before = [lib.num_threads for lib in _blas_libraries()]
+            for lib in _blas_libraries():
+                lib.set_num_threads(1)
+        _blas_users += 1
     try:
         yield
     finally:
-        for lib, n in zip(libraries, before):
-            lib.set_num_threads(n)
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                for lib, n in zip(_blas_libraries(), _blas_before):
+                    lib.set_num_threads(n)
+
+
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_before: list[int] = []
 
 
 @functools.cache

@@ -150,6 +150,23 @@ def test_matmul_on_the_kernel_threads_equals_numpy(threads, shapes, monkeypatch)
     assert [lib.num_threads for lib in parallel._blas_libraries()] == before
 
 
+def test_overlapping_products_restore_the_blas_thread_count():
+    """Gradients on two user threads overlap: the second enters while the first holds BLAS at one
+    thread, and the first leaves before the second. BLAS stays at one thread until the last one
+    leaves, then has the count both found before."""
+    libraries = parallel._blas_libraries()
+    if not libraries:
+        pytest.skip("threadpoolctl finds no BLAS library")
+    before = [lib.num_threads for lib in libraries]
+    first, second = parallel._one_blas_thread(), parallel._one_blas_thread()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert [lib.num_threads for lib in libraries] == [1] * len(libraries)
+    second.__exit__(None, None, None)
+    assert [lib.num_threads for lib in libraries] == before
+
+
 FORKED = """
 import multiprocessing, numpy as np
 from halide_ad.runtime.parallel import parallel_for
