@@ -401,8 +401,10 @@ def _pointwise_phases(f: Func) -> Split | None:
     as the gradient's gathers are (runtime/schedule.py), those dimensions in phases j = s*q + p,
     in each of which every quotient is q + a constant and every parity test is decided, so that
     the loads are unit-stride and the loop vectorizes. None where there are no phases to run."""
-    if isinstance(f.body, Reduce) or not f.vars:
-        return None
+    if isinstance(f.body, Reduce) or not f.vars or not any(
+            isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
+            and f.vars[-1] in free_vars(n.lhs) for n in walk(f.body)):
+        return None  # phases start from the innermost dimension: without its quotient, no schedule to ask
     split = interior(f.vars, f.shape, [_as_gather(f)])
     if split is None or not split.phased:
         return None
