@@ -28,7 +28,7 @@ import numpy as np
 from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float
 from halide_ad.show import show
 from halide_ad.runtime.buffers import pool
-from halide_ad.runtime.parallel import copy_all, matmul
+from halide_ad.runtime.parallel import by_rows, copy_all, each_image, matmul
 from halide_ad.solver.affine import linear_form
 
 MAX_TAPS = 64
@@ -70,17 +70,71 @@ class Contraction:
         convolution's input gradient) move onto the operand that carries the window
         (`_correlation`); where they cannot, their products are added window by window. Which
         views, copies and products that takes depends on the shapes and dtypes alone: it is
-        worked out once (`_plan`), and each call only runs it."""
+        worked out once (`_plan`), and each call only runs it.
+
+        A convolution big enough runs image by image on the threads (`images`): each image's
+        copies, products and sums run one after the other on one thread, while what they wrote
+        is still in its cache (conv2d's input gradient: 8.5 -> 7.4 ms)."""
         if self.b is None:
             self._sum(buffers, assign)
             return
         shapes = dict(self.shapes)
         arrays = {n: buffers[n].reshape(shapes[n]) for n in (self.out, self.a.buffer, self.b.buffer)}
-        dtypes = tuple(arrays[n].dtype for n in (self.out, self.a.buffer, self.b.buffer))
+        if self.images is None:
+            self._plan_for(shapes, arrays).run(arrays, self.scale, assign)
+            return
+        var, count = self.images
+        split = {n for n in arrays if var in _used(self._index_of(n))}
+        plan = self._plan_for({n: (1, *s[1:]) if n in split else s for n, s in shapes.items()}, arrays,
+                              {var: Range(var, 0, 1)})
+        out = arrays[self.out]
+        partial = None if self.out in split else pool.empty((count, *out.shape), out.dtype)
+
+        def image(j: int) -> None:
+            one = {n: a[j:j + 1] if n in split else a for n, a in arrays.items()}
+            if partial is not None:  # the images are summed: each writes its own part, added up below
+                one[self.out] = partial[j]
+            plan.run(one, self.scale, assign or partial is not None)
+
+        each_image(image, count)
+        if partial is not None:
+            _add(out, [partial.sum(axis=0)], 1.0, assign)
+
+    MIN_IMAGE_WORK = 1 << 22  # multiply-adds per image from which images run one by one
+
+    @functools.cached_property
+    def images(self) -> tuple[Var, int] | None:
+        """The image variable and its count, where the contraction has taps (a convolution),
+        some operand's first axis is that variable's whole range, every array reads it there
+        or not at all, and each image's share is at least MIN_IMAGE_WORK; else None."""
+        shapes = dict(self.shapes)
+        taps = {t.var for t in self.taps}
+        for operand in (self.a, self.b) if taps else ():
+            first = _terms(operand.index[0]) if operand.index else None
+            var = next((v for v in first or () if v is not None), None)
+            if var is None or var in taps or first != {var: 1, None: 0}:
+                continue
+            r = next(r for r in self.domain if r.var == var)
+            buffers = ((n, self._index_of(n)) for n in (self.out, self.a.buffer, self.b.buffer))
+            if r.lo == 0 and r.extent > 1 and all(
+                    var not in _used(index) or (_terms(index[0]) == first and var not in _used(index[1:])
+                                                and shapes[name][0] == r.extent) for name, index in buffers):
+                work = math.prod(d.extent for d in self.domain) // r.extent
+                return (var, r.extent) if work >= self.MIN_IMAGE_WORK else None
+        return None
+
+    def _index_of(self, buffer: str) -> tuple[Expr, ...]:
+        return {self.b.buffer: self.b.index, self.a.buffer: self.a.index, self.out: self.out_index}[buffer]
+
+    def _plan_for(self, shapes: dict, arrays: dict, ranges: dict | None = None) -> _Plan:
+        """The plan for arrays of these shapes and of the dtypes of `arrays`, with the ranges of
+        some variables replaced (see `_plan`), made once."""
+        dtypes = {n: a.dtype for n, a in arrays.items()}
+        key = tuple((n, shapes[n], dtypes[n]) for n in sorted(arrays))
         plans = self.__dict__.setdefault("_plans", {})  # frozen, but a cache is not a field
-        if dtypes not in plans:
-            plans[dtypes] = self._plan({n: a.dtype for n, a in arrays.items()})
-        plans[dtypes].run(arrays, self.scale, assign)
+        if key not in plans:
+            plans[key] = self._plan(shapes, dtypes, ranges or {})
+        return plans[key]
 
     def _sum(self, buffers: dict[str, np.ndarray], assign: bool) -> None:
         """out (+)= scale * a summed over the variables out does not have, by numpy, which sums
@@ -98,12 +152,12 @@ class Contraction:
         # (a sum to one number is a numpy scalar, which _write cannot scale in place)
         _write(out[key], np.asarray(np.einsum(f"{subs}->{out_subs}", view)), self.scale, False)
 
-    def _plan(self, dtypes: dict[str, np.dtype]) -> _Plan:
-        """The work for buffers of these dtypes (see `_Plan`), derived on stand-in arrays."""
-        shapes = dict(self.shapes)
+    def _plan(self, shapes: dict, dtypes: dict, replaced: dict[Var, Range]) -> _Plan:
+        """The work for buffers of these shapes and dtypes (see `_Plan`), derived on stand-in
+        arrays, with the variables in `replaced` running over those ranges instead."""
         plan = _Plan(self.out)
         arrays = {n: _Lazy(n, (), _stand_in(shapes[n], dtypes[n])) for n in dtypes}
-        ranges = {r.var: r for r in self.domain}
+        ranges = {r.var: r for r in self.domain} | replaced
         letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
         shifting = {v for e in self.out_index for v in _offset_vars(_terms(e))}
         shifting_taps = [t for t in self.taps if t.var in shifting]
@@ -357,20 +411,14 @@ class _Plan:
                     product = _matmul(va(sources), sa, vb(sources), sb, so, out[key] if direct else None)
                     if product is None:  # BLAS wrote the window
                         continue
-                    slices = [product[at] for at in shifts]
-                    if writes and scale == 1 and len(slices) > 1:  # one pass for the first two,
-                        np.add(slices.pop(0), slices.pop(0), out=out[key])  # not copy, add (0.3-0.7 ms)
-                    elif writes:
-                        _write(out[key], slices.pop(0), scale, True)
-                    for p in slices:
-                        _write(out[key], p, scale, False)
+                    _add(out[key], [product[at] for at in shifts], scale, writes)
             return
         if assign:
             out.fill(0)
         va, sa, vb, sb, subs, windows = self.sums
         full = _matmul(va(sources), sa, vb(sources), sb, subs)
         for key, at in windows:
-            _write(out[key], full[at], scale, False)
+            _add(out[key], [full[at]], scale, False)
 
 
 def _row_taps(taps: tuple[Range, ...], indices) -> list[Range]:
@@ -422,6 +470,25 @@ def _stacked(windows: list[_Lazy], subs: str, tap_subs: str, extents: list[int],
     for k, view in enumerate(windows):
         plan.copy(data[(slice(None),) * at + (k,)], view)
     return data.reshape(shape[:at] + tuple(extents) + shape[at:]), subs[:at] + tap_subs + subs[at:]
+
+
+def _add(window: np.ndarray, products: list[np.ndarray], scale: float, overwrite: bool) -> None:
+    """window (+)= scale * the sum of products (arrays of its shape), image by image (along the
+    first axis) on the threads: numpy adds on one thread (conv2d's input gradient sums three
+    shifted slices of its product: 2.0-2.2 -> 1.7-1.9 ms)."""
+    def add(rows) -> None:
+        w, ps = window[rows], [p[rows] for p in products]
+        if overwrite and scale == 1 and len(ps) > 1:  # one pass for the first two, not copy, add
+            np.add(ps.pop(0), ps.pop(0), out=w)
+        elif overwrite:
+            _write(w, ps.pop(0), scale, True)
+        for p in ps:
+            _write(w, p, scale, False)
+
+    if window.ndim == 0:
+        add(...)
+    else:
+        by_rows(lambda lo, hi: add(slice(lo, hi)), len(window), window.nbytes * (len(products) + 1))
 
 
 def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: bool) -> None:

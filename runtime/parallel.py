@@ -32,10 +32,11 @@ from numba import njit
 
 CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
-PARALLEL_COPY_BYTES = 1 << 20  # copies smaller in all run on the calling thread
+PARALLEL_COPY_BYTES = 1 << 20  # copies and sums smaller in all run on the calling thread
 SMALL_MATMUL = 1 << 22  # multiply-adds, below which BLAS is called as is: a thread costs ~50 us
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_chunk = threading.local()  # .running: this thread runs a chunk, where a nested loop runs serially
 
 
 def _forget_pool() -> None:
@@ -65,12 +66,14 @@ def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
     j in [lo, hi)). Where one iteration spans at least COARSE elements of the arrays, a chunk
     calls it from Python instead, and `body` is never called, so never compiled: numba
     compiles a loop around a function by optimizing the function's code again with it (0.4 s
-    of bilinear's gradient), and a call from Python costs about a microsecond."""
+    of bilinear's gradient), and a call from Python costs about a microsecond.
+
+    Called from a chunk (a loop in a loop), it runs the whole range on that thread."""
     if iteration is not None and stop > start and sum(
             a.size for a in args if isinstance(a, np.ndarray)) >= COARSE * (stop - start):
         body = functools.partial(_each, iteration)
     threads = min(numba.get_num_threads(), stop - start)
-    if threads <= 1:
+    if threads <= 1 or getattr(_chunk, "running", False):  # inside a chunk, the threads are busy
         body(start, stop, *args)
         return
     pieces = min(stop - start, CHUNKS_PER_THREAD * threads)
@@ -78,12 +81,16 @@ def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
     taking = threading.Lock()
 
     def work() -> None:
-        while True:
-            with taking:
-                chunk = next(chunks, None)
-            if chunk is None:
-                return
-            body(*chunk, *args)
+        _chunk.running = True
+        try:
+            while True:
+                with taking:
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    return
+                body(*chunk, *args)
+        finally:
+            _chunk.running = False
 
     pool = _workers()
     futures = [pool.submit(work) for _ in range(threads - 1)]
@@ -110,6 +117,15 @@ def copy_all(copies: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
     parallel_for(functools.partial(_copy, split), 0, len(split))
 
 
+def by_rows(body, rows: int, nbytes: int) -> None:
+    """body(lo, hi) for chunks [lo, hi) of range(rows) on the threads, where the arrays it
+    touches come to nbytes in all, enough to gain from them (numpy lets go of the GIL)."""
+    if nbytes < PARALLEL_COPY_BYTES or numba.get_num_threads() <= 1:
+        body(0, rows)
+    else:
+        parallel_for(body, 0, rows)
+
+
 def _copy(copies, lo: int, hi: int) -> None:
     for dst, src in copies[lo:hi]:
         if src is None:
@@ -134,6 +150,17 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
     with _one_blas_thread():
         parallel_for(images, 0, len(out))
+
+
+def each_image(body, count: int) -> None:
+    """body(j) for j in range(count) on the threads, BLAS on one thread in each (see `matmul`);
+    what body runs in parallel runs on its thread."""
+    def images(lo: int, hi: int) -> None:
+        for j in range(lo, hi):
+            body(j)
+
+    with _one_blas_thread():
+        parallel_for(images, 0, count)
 
 
 @contextlib.contextmanager

@@ -102,6 +102,7 @@ def fresh_plans(monkeypatch):
 
     def accumulate(self, buffers, **kwargs):
         self.__dict__.pop("_plans", None)
+        self.__dict__.pop("images", None)  # (cached, with MIN_IMAGE_WORK as it was)
         return real(self, buffers, **kwargs)
 
     monkeypatch.setattr(Contraction, "accumulate", accumulate)
@@ -205,6 +206,45 @@ def test_copies_run_in_rounds_after_what_they_read():
     assert rounds == [[(0, None), (2, "x")], [(0, "x")], [(1, 0)] * 3], rounds
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_big_convolution_runs_image_by_image(stride, dtype, fresh_plans, monkeypatch):
+    """Above MIN_IMAGE_WORK, the forward and both gradients run one image at a time on the
+    threads; the weight's gradient adds up the images' parts. Against torch, finite
+    differences (float64), and the same call with one thread, bit for bit."""
+    import numba
+    from halide_ad.runtime import contract
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(Contraction, "MIN_IMAGE_WORK", 0)
+    images = []
+    real = contract.each_image
+    monkeypatch.setattr(contract, "each_image", lambda body, count: images.append(count) or real(body, count))
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((3, 16, 9, 10)).astype(dtype)
+    w = rng.standard_normal((16, 16, 3, 3)).astype(dtype)
+    out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, stride), x, w)
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    gx, gw = vjp_fn(ct)
+    # forward, the weight's gradient and (stride 1) the input's, each over the 3 images
+    assert images == [3] * (3 if stride == 1 else 2), images
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    ty = torch.nn.functional.conv2d(tx, tw, stride=stride)
+    ty.backward(torch.from_numpy(ct))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for ours, theirs in ((out, ty), (gx, tx.grad), (gw, tw.grad)):
+        np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=tol, atol=tol)
+    if dtype == np.float64:
+        hd.check_grad(lambda x, w: conv(x, w, stride), x, w)
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        gx1, gw1 = vjp_fn(ct)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(gx1, gx)
+    np.testing.assert_array_equal(gw1, gw)
+
+
 def test_unwritten_parts_of_tiled_windows():
     even, odd = (slice(0, 63, 2), ...), (slice(1, 62, 2), ...)  # a stride-2 output's phases on 64 points
     assert _unwritten([even, odd], (64,)) == [([63],)]
@@ -249,9 +289,9 @@ def test_a_contraction_is_planned_once(monkeypatch):
     planned = []
     real = Contraction._plan
 
-    def plan(self, dtypes):
+    def plan(self, *args):
         planned.append(self.out)
-        return real(self, dtypes)
+        return real(self, *args)
 
     monkeypatch.setattr(Contraction, "_plan", plan)
     rng = np.random.default_rng(6)

@@ -49,6 +49,23 @@ def test_chunks_are_contiguous_and_cover_the_range(threads):
     assert all(a[1] == b[0] and a[0] < a[1] for a, b in itertools.pairwise(chunks))
 
 
+def test_a_loop_in_a_chunk_runs_on_that_thread(threads):
+    """A chunk's own parallel loop (a contraction image by image) runs on the chunk's thread:
+    handing it to the busy pool could wait for ever."""
+    import threading
+    ran = []
+
+    def outer(lo, hi):
+        parallel_for(lambda a, b: ran.append((lo, a, b, threading.get_ident())), 0, 50)
+        ran.append((lo, "outer", threading.get_ident()))
+
+    parallel_for(outer, 0, 8)
+    outers = {lo: ident for lo, tag, ident in (r for r in ran if r[1] == "outer")}
+    inner = [r for r in ran if r[1] != "outer"]
+    assert sorted(outers) == list(range(min(8, CHUNKS_PER_THREAD * threads))) or threads == 1
+    assert all((a, b) == (0, 50) and ident == outers[lo] for lo, a, b, ident in inner), inner
+
+
 def test_an_error_in_any_chunk_is_raised(threads):
     def body(lo, hi):
         if hi == 100:  # the last chunk
