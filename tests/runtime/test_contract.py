@@ -75,7 +75,7 @@ def conv(x, w, stride):
                       lambda n, k, i, j: hd.sum(x[n, c, stride * i + r, stride * j + s] * w[k, c, r, s]))
 
 
-@pytest.mark.parametrize("stride, shape", itertools.product([1, 2], [(2, 3, 9, 8), (1, 2, 11, 10)]))
+@pytest.mark.parametrize("stride, shape", list(itertools.product([1, 2], [(2, 3, 9, 8), (1, 2, 11, 10)])))
 def test_convolution_through_blas_matches_finite_differences(stride, shape):
     rng = np.random.default_rng(1)
     x = rng.standard_normal(shape)
