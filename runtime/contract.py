@@ -83,8 +83,7 @@ class Contraction:
         if self.images is None:
             self._plan_for(shapes, arrays).run(arrays, self.scale, assign)
             return
-        var, count = self.images
-        split = {n for n in arrays if var in _used(self._index_of(n))}
+        var, count, split = self.images
         plan = self._plan_for({n: (1, *s[1:]) if n in split else s for n, s in shapes.items()}, arrays,
                               {var: Range(var, 0, 1)})
         out = arrays[self.out]
@@ -103,28 +102,27 @@ class Contraction:
     MIN_IMAGE_WORK = 1 << 22  # multiply-adds per image from which images run one by one
 
     @functools.cached_property
-    def images(self) -> tuple[Var, int] | None:
-        """The image variable and its count, where the contraction has taps (a convolution),
-        some operand's first axis is that variable's whole range, every array reads it there
-        or not at all, and each image's share is at least MIN_IMAGE_WORK; else None."""
+    def images(self) -> tuple[Var, int, frozenset[str]] | None:
+        """The image variable, its count and the arrays that have it as their first axis, where
+        the contraction has taps (a convolution), some operand's first axis is that variable's
+        whole range, every read of an array reads it there or not at all, and each image's
+        share is at least MIN_IMAGE_WORK; else None."""
         shapes = dict(self.shapes)
         taps = {t.var for t in self.taps}
+        reads = ((self.out, self.out_index), (self.a.buffer, self.a.index), (self.b.buffer, self.b.index))
         for operand in (self.a, self.b) if taps else ():
             first = _terms(operand.index[0]) if operand.index else None
             var = next((v for v in first or () if v is not None), None)
             if var is None or var in taps or first != {var: 1, None: 0}:
                 continue
             r = next(r for r in self.domain if r.var == var)
-            buffers = ((n, self._index_of(n)) for n in (self.out, self.a.buffer, self.b.buffer))
-            if r.lo == 0 and r.extent > 1 and all(
-                    var not in _used(index) or (_terms(index[0]) == first and var not in _used(index[1:])
-                                                and shapes[name][0] == r.extent) for name, index in buffers):
+            split = frozenset(name for name, index in reads if var in _used(index))
+            if r.lo == 0 and r.extent > 1 and all(  # (an array read twice is split only if both reads allow it)
+                    name not in split or (_terms(index[0]) == first and var not in _used(index[1:])
+                                          and shapes[name][0] == r.extent) for name, index in reads):
                 work = math.prod(d.extent for d in self.domain) // r.extent
-                return (var, r.extent) if work >= self.MIN_IMAGE_WORK else None
+                return (var, r.extent, split) if work >= self.MIN_IMAGE_WORK else None
         return None
-
-    def _index_of(self, buffer: str) -> tuple[Expr, ...]:
-        return {self.b.buffer: self.b.index, self.a.buffer: self.a.index, self.out: self.out_index}[buffer]
 
     def _plan_for(self, shapes: dict, arrays: dict, ranges: dict | None = None) -> _Plan:
         """The plan for arrays of these shapes and of the dtypes of `arrays`, with the ranges of

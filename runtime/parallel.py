@@ -120,7 +120,7 @@ def copy_all(copies: list[tuple[np.ndarray, np.ndarray | None]]) -> None:
 def by_rows(body, rows: int, nbytes: int) -> None:
     """body(lo, hi) for chunks [lo, hi) of range(rows) on the threads, where the arrays it
     touches come to nbytes in all, enough to gain from them (numpy lets go of the GIL)."""
-    if nbytes < PARALLEL_COPY_BYTES or numba.get_num_threads() <= 1:
+    if nbytes < PARALLEL_COPY_BYTES:
         body(0, rows)
     else:
         parallel_for(body, 0, rows)

@@ -245,6 +245,29 @@ def test_a_big_convolution_runs_image_by_image(stride, dtype, fresh_plans, monke
     np.testing.assert_array_equal(gw1, gw)
 
 
+def test_an_array_read_twice_is_split_by_image_only_where_both_reads_allow_it(fresh_plans, monkeypatch):
+    """out[n, k] = sum x[n, i + r] * x[k, r]: the first read of x has the image n first, but
+    the second reads every image, so x cannot be split by image, and the contraction runs whole."""
+    from halide_ad.runtime import contract
+    monkeypatch.setattr(Contraction, "MIN_IMAGE_WORK", 0)
+    images = []
+    real = contract.each_image
+    monkeypatch.setattr(contract, "each_image", lambda body, count: images.append(count) or real(body, count))
+
+    @hd.func
+    def correlate(x):
+        N, L = x.shape
+        i, r = hd.rdom(L - 4, 4)
+        return hd.compute((N, N), lambda n, k: hd.sum(x[n, i + r] * x[k, r]))
+
+    x = np.random.default_rng(3).standard_normal((5, 40))
+    L = x.shape[1]
+    expected = np.einsum("nir,kr->nk", np.stack([x[:, r:r + L - 4] for r in range(4)], axis=-1), x[:, :4])
+    np.testing.assert_allclose(correlate(x), expected, rtol=1e-12, atol=1e-12)
+    assert images == [], images
+    hd.check_grad(correlate, x)
+
+
 def test_unwritten_parts_of_tiled_windows():
     even, odd = (slice(0, 63, 2), ...), (slice(1, 62, 2), ...)  # a stride-2 output's phases on 64 points
     assert _unwritten([even, odd], (64,)) == [([63],)]
