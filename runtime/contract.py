@@ -117,7 +117,8 @@ class Contraction:
                 continue
             r = next(r for r in self.domain if r.var == var)
             split = frozenset(name for name, index in reads if var in _used(index))
-            if r.lo == 0 and r.extent > 1 and all(  # (an array read twice is split only if both reads allow it)
+            # (an array read twice is split only if both reads allow it)
+            if r.lo == 0 and r.extent > 1 and all(
                     name not in split or (_terms(index[0]) == first and var not in _used(index[1:])
                                           and shapes[name][0] == r.extent) for name, index in reads):
                 work = math.prod(d.extent for d in self.domain) // r.extent
