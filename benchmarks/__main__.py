@@ -83,10 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         largest = max(4 * math.prod(c.out_shape(*c.input_shapes(small=args.small))) for c in cases)
         floor = warm_start.measure_floor(largest)
         notes.append(
-            f"Not halide_ad's share of a warm-cache first call, measured in a fresh process of its "
-            f"own: numba's first call of a cached one-line function, {floor['numba_first_call']:.2f} s "
-            f"(the first case pays it); the first write of a fresh {largest / 2**20:.0f} MiB array "
-            f"(the largest output), {floor['first_write']:.2f} s.")
+            f"Measured in a fresh process of its own: numba's first call of a function from its own "
+            f"cache, {floor['numba_first_call']:.2f} s (numba's compiler set-up, which halide_ad's kernels "
+            f"skip when they load); the first write of a fresh {largest / 2**20:.0f} MiB array (the "
+            f"largest output), {floor['first_write']:.2f} s, which any process pays.")
     except subprocess.CalledProcessError as error:
         notes.append(f"The warm-cache first-call run failed ({error}).")
     if "torch" in peer_names:

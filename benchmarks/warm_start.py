@@ -6,10 +6,10 @@ starts `python -m benchmarks.warm_start` on the same cases with that directory.
 
     HALIDE_AD_CACHE_DIR=dir python -m benchmarks.warm_start --cases blur,dense --json out.json
 
-`--floor BYTES` measures, in a process of its own, what any such process pays that is not
-halide_ad's: numba's first call of a cached one-line function (numba loads its typing registries
-then, and imports scipy where it is installed), and the first write of a fresh array of BYTES
-(the OS maps its pages then).
+`--floor BYTES` measures, in a process of its own, numba's first call of a one-line function from
+numba's own cache (numba loads its typing registries then, and imports scipy where it is
+installed; halide_ad's kernels load without them, see `runtime.parallel._lean_cache`), and what
+any process pays: the first write of a fresh array of BYTES (the OS maps its pages then).
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Compiled kernels against the numpy reference interpreter: forward values, and gradients against
 the direct serial-scatter reference (which never uses the solver)."""
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +68,48 @@ def test_second_process_reuses_disk_cache(tmp_path):
     assert index_files, "numba wrote no on-disk cache index"
     run()
     assert {p.name for p in tmp_path.rglob("*.nbi")} == index_files
+
+
+WARM_SCRIPT = """
+import json, sys
+import numpy as np
+import halide_ad as hd
+from halide_ad.runtime import compile as kernels
+from tests import programs as P
+
+rng = np.random.default_rng(0)
+results = {}
+for dtype in (np.float32, np.float64):
+    x, w = rng.standard_normal((2, 3, 7, 6)).astype(dtype), rng.standard_normal((4, 3, 3, 2)).astype(dtype)
+    img = rng.standard_normal((5, 6)).astype(dtype)[:, ::2]  # not contiguous
+    for name, fn, args in (("conv2d", P.conv2d, (x, w)), ("blur3", P.blur3, (img, "repeat_edge"))):
+        out, f_vjp = hd.vjp(fn, *args)
+        grads = f_vjp(np.cos(out))
+        results[f"{name}/{np.dtype(dtype)}"] = [np.asarray(a).tolist() for a in (out, *grads)]
+dispatchers = [d for k in kernels._loaded.values() for d in k.dispatchers]
+results["compiled"] = sum(sum(d._cache_misses.values()) for d in dispatchers)
+results["loaded"] = sum(sum(d._cache_hits.values()) for d in dispatchers)
+results["registries"] = "numba.np.arraymath" in sys.modules
+print(json.dumps(results))
+"""
+
+
+def test_a_warm_process_loads_kernels_without_numbas_compiler_setup(tmp_path):
+    """With the disk cache warm, a process loads every kernel's machine code and computes the
+    same bits, without numba's typing and lowering registries (`parallel._lean_cache`: half a
+    second, scipy's import included, in the first call of a process)."""
+    env = {**os.environ, "HALIDE_AD_CACHE_DIR": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", WARM_SCRIPT], env=env, capture_output=True, text=True,
+                              check=True, cwd=root)
+        return json.loads(done.stdout)
+    cold, warm = run(), run()
+    assert cold["compiled"] > 0 and cold["registries"]
+    assert warm["compiled"] == 0 and warm["loaded"] == cold["compiled"]
+    assert not warm["registries"]
+    for case in ("conv2d/float32", "conv2d/float64", "blur3/float32", "blur3/float64"):
+        assert warm[case] == cold[case], case
+    x = np.asarray(cold["conv2d/float64"][0])
+    assert x.shape == (2, 4, 5, 5) and np.isfinite(x).all()
