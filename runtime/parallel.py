@@ -244,6 +244,6 @@ _LeanCache = _lean_cache()
 def kernel(fn):
     """`fn` compiled as the module's doc says, its machine code cached on disk (`_lean_cache`)."""
     dispatcher = _compile(fn)
-    if _LeanCache is not None:
+    if _LeanCache is not None and hasattr(dispatcher, "_cache"):  # (not with NUMBA_DISABLE_JIT)
         dispatcher._cache = _LeanCache(fn)
     return dispatcher
