@@ -53,20 +53,23 @@ def test_gather_gradients_are_bitwise_deterministic(rng):
         assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
 
 
+def _in_a_fresh_process(code: str, cache_dir) -> str:
+    """What `code` prints, run by a new Python in the repository root with this cache dir."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "HALIDE_AD_CACHE_DIR": str(cache_dir)}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                          cwd=root).stdout
+
+
 def test_second_process_reuses_disk_cache(tmp_path):
     """A second process with the same program loads numba's cached machine code."""
     code = ("import numpy as np, time; from tests import programs as P; t = time.perf_counter(); "
             "P.blur3(np.ones((3, 4)), 'mirror'); print(time.perf_counter() - t)")
-    env = {**os.environ, "HALIDE_AD_CACHE_DIR": str(tmp_path)}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    def run():
-        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=True, cwd=root)
-    run()
+    _in_a_fresh_process(code, tmp_path)
     assert any(p.name.startswith("k_") for p in tmp_path.iterdir())
     index_files = {p.name for p in tmp_path.rglob("*.nbi")}
     assert index_files, "numba wrote no on-disk cache index"
-    run()
+    _in_a_fresh_process(code, tmp_path)
     assert {p.name for p in tmp_path.rglob("*.nbi")} == index_files
 
 
@@ -98,14 +101,7 @@ def test_a_warm_process_loads_kernels_without_numbas_compiler_setup(tmp_path):
     """With the disk cache warm, a process loads every kernel's machine code and computes the
     same bits, without numba's typing and lowering registries (`parallel._lean_cache`: half a
     second, scipy's import included, in the first call of a process)."""
-    env = {**os.environ, "HALIDE_AD_CACHE_DIR": str(tmp_path)}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-    def run():
-        done = subprocess.run([sys.executable, "-c", WARM_SCRIPT], env=env, capture_output=True, text=True,
-                              check=True, cwd=root)
-        return json.loads(done.stdout)
-    cold, warm = run(), run()
+    cold, warm = (json.loads(_in_a_fresh_process(WARM_SCRIPT, tmp_path)) for _ in range(2))
     assert cold["compiled"] > 0 and cold["registries"]
     assert warm["compiled"] == 0 and warm["loaded"] == cold["compiled"]
     assert not warm["registries"]
