@@ -242,10 +242,6 @@ class Contraction:
         rows = [t for t in shifting_taps if stride[t.var] == 1 and axis[t.var] != lane]
         lanes = [t for t in shifting_taps if t not in rows]
         pad = {axis[v]: -(-t.extent // stride[v]) - 1 for v, t in taps.items()}  # most taps of a phase, less 1
-        padded = plan.temporary(tuple(n + 2 * pad.get(c, 0) for c, n in zip(subs, view.shape)), view.dtype,
-                                zero=True)
-        interior = tuple(slice(pad.get(c, 0), pad.get(c, 0) + n) for c, n in zip(subs, view.shape))
-        plan.copy(padded[interior], view)
         extent = dict(zip(subs, view.shape))
         other_view, other_subs = _view(arrays[other.buffer], other.index, {}, ranges, letters)
         windows = []
@@ -257,10 +253,12 @@ class Contraction:
                 start = pad[axis[v]] - m
                 return slice(start, start + extent[axis[v]] + count[v] - 1)
 
-            copies = []
+            copies = []  # windows of the carrier zero-padded by `pad`, copied without a padded copy
             for ms in itertools.product(*(range(count[t.var]) for t in lanes)):
                 at = {axis[t.var]: window(m, t.var) for t, m in zip(lanes, ms, strict=True)}
-                copies.append(padded[tuple(at.get(c, slice(None)) for c in subs)])
+                padded = [at.get(c, slice(0, extent[c] + 2 * pad.get(c, 0))) for c in subs]
+                copies.append(_Shifted(view, tuple(w.start - pad.get(c, 0) for w, c in zip(padded, subs)),
+                                       tuple(w.stop - w.start for w in padded)))
             stacked, stacked_subs = _stacked(copies, subs, "".join(letters[t.var] for t in lanes),
                                              [count[t.var] for t in lanes], plan)
             of_phase = {letters[t.var]: slice(first[t.var], first[t.var] + stride[t.var] * (count[t.var] - 1) + 1,
@@ -354,36 +352,52 @@ def _stand_in(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 class _Plan:
-    """A contraction's work for given shapes and dtypes: temporaries to allocate, copies into
-    them (zero-padded operands, stacked windows) in order, then BLAS products written to the
-    output's windows (`windows`: disjoint, each with the sum of its products), or else one
+    """A contraction's work for given shapes and dtypes: temporaries to allocate, copies and
+    zero fills into them (stacked windows, zero where they pad an operand) in order, then BLAS
+    products written to the output's windows (`windows`: disjoint, each with the sum of its products), or else one
     product whose slices are added window by window (`sums`)."""
 
     def __init__(self, out: str):
         self.out = out
-        self.temporaries: list[tuple[tuple[int, ...], np.dtype, bool]] = []
+        self.temporaries: list[tuple[tuple[int, ...], np.dtype]] = []
         self.copies: list[tuple[_Lazy, _Lazy]] = []
         self.windows: list | None = None
         self.unwritten: list[tuple] | None = None
         self.sums: tuple | None = None
 
-    def temporary(self, shape: tuple[int, ...], dtype, *, zero: bool = False) -> _Lazy:
-        self.temporaries.append((shape, dtype, zero))
+    def temporary(self, shape: tuple[int, ...], dtype) -> _Lazy:
+        self.temporaries.append((shape, dtype))
         return _Lazy(len(self.temporaries) - 1, (), _stand_in(shape, dtype))
 
-    def copy(self, dst: _Lazy, src: _Lazy) -> None:
+    def copy(self, dst: _Lazy, src: _Lazy | None) -> None:
+        """dst = src, or with no src, dst = 0."""
         self.copies.append((dst, src))
+
+    def copy_shifted(self, dst: _Lazy, src: _Shifted) -> None:
+        """dst = src: the part of the window inside its source copied, the padding around it
+        zeroed, slab by slab. A convolution's input gradient stacked its windows from a
+        zero-padded copy of the cotangent before: a fill and a copy more of it."""
+        inside = []
+        for n, m, o in zip(dst.shape, src.source.shape, src.offset, strict=True):
+            lo = min(max(-o, 0), n)
+            inside.append((lo, max(lo, min(n, m - o))))
+        if all(hi > lo for lo, hi in inside):
+            self.copy(dst[tuple(slice(lo, hi) for lo, hi in inside)],
+                      src.source[tuple(slice(lo + o, hi + o) for (lo, hi), o in zip(inside, src.offset))])
+        for axis, (lo, hi) in enumerate(inside):  # before and after the inside on this axis, within it on
+            for pad in (slice(0, lo), slice(hi, dst.shape[axis])):  # the axes before: disjoint slabs
+                if pad.stop > pad.start:
+                    self.copy(dst[tuple(slice(*inside[a]) for a in range(axis)) + (pad,)], None)
 
     @functools.cached_property
     def rounds(self) -> list[list[tuple[_Lazy, _Lazy | None]]]:
-        """The zero fills (no source) and copies, in rounds that read only what earlier rounds
-        wrote, so that each round runs in parallel (`copy_all`): a copy comes after the fill
-        of the temporary it writes and after the copies into the temporary it reads."""
-        filled = {k: 0 for k, (*_, zero) in enumerate(self.temporaries) if zero}
-        rounds = [[(_Lazy(k, (), None), None) for k in filled]]
+        """The copies and zero fills (no source), in rounds that read only what earlier rounds
+        wrote, so that each round runs in parallel (`copy_all`): a copy comes after the copies
+        into the temporary it reads."""
+        rounds: list[list] = []
         written: dict = {}
         for dst, src in self.copies:
-            at = max(filled.get(dst.source, -1), written.get(src.source, -1)) + 1
+            at = (-1 if src is None else written.get(src.source, -1)) + 1
             written[dst.source] = max(written.get(dst.source, 0), at)
             rounds += [[] for _ in range(at + 1 - len(rounds))]
             rounds[at].append((dst, src))
@@ -391,7 +405,7 @@ class _Plan:
 
     def run(self, arrays: dict[str, np.ndarray], scale: float, assign: bool) -> None:
         sources: dict = dict(arrays)
-        for k, (shape, dtype, _) in enumerate(self.temporaries):
+        for k, (shape, dtype) in enumerate(self.temporaries):
             sources[k] = pool.empty(shape, dtype)
         for copies in self.rounds:
             copy_all([(dst(sources), src if src is None else src(sources)) for dst, src in copies])
@@ -458,7 +472,20 @@ def _index(view: np.ndarray, subs: str, at: dict) -> tuple[np.ndarray, str]:
             "".join(c for c in subs if not isinstance(at.get(c), int)))
 
 
-def _stacked(windows: list[_Lazy], subs: str, tap_subs: str, extents: list[int],
+@dataclass(frozen=True)
+class _Shifted:
+    """A window of `source` zero-padded on every side: its element idx is source[idx +
+    offset] where that is in bounds, else 0."""
+    source: _Lazy
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.source.dtype
+
+
+def _stacked(windows: list[_Lazy | _Shifted], subs: str, tap_subs: str, extents: list[int],
              plan: _Plan) -> tuple[_Lazy, str]:
     """The windows copied into one temporary, their taps as axes right after the first axis
     (im2col), so that all taps go into BLAS calls batched over that axis (see `_matmul`), and
@@ -467,7 +494,11 @@ def _stacked(windows: list[_Lazy], subs: str, tap_subs: str, extents: list[int],
     at = min(1, len(shape))
     data = plan.temporary(shape[:at] + (len(windows),) + shape[at:], windows[0].dtype)
     for k, view in enumerate(windows):
-        plan.copy(data[(slice(None),) * at + (k,)], view)
+        dst = data[(slice(None),) * at + (k,)]
+        if isinstance(view, _Shifted):
+            plan.copy_shifted(dst, view)
+        else:
+            plan.copy(dst, view)
     return data.reshape(shape[:at] + tuple(extents) + shape[at:]), subs[:at] + tap_subs + subs[at:]
 
 

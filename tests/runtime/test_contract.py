@@ -7,8 +7,9 @@ import re
 import numpy as np
 import pytest
 from halide_ad.runtime import parallel
+from halide_ad.runtime.parallel import copy_all
 from halide_ad.runtime.contract import (SMALL_PRODUCT, Contraction, _Lazy, _matmul, _matmul_plan, _Plan,
-                                         _stand_in, _unwritten)
+                                         _Shifted, _stand_in, _unwritten)
 
 import halide_ad as hd
 from halide_ad import compiler
@@ -191,19 +192,39 @@ def test_strided_input_gradient_is_a_product_per_tap_and_a_gather(shape, stride,
 
 
 def test_copies_run_in_rounds_after_what_they_read():
-    """A temporary's fill comes before the copies into it, and those before the copies that
-    read it (a zero-padded operand, then its stacked windows): each round runs in parallel."""
+    """The fills and copies into a temporary come before the copies that read it (a padded
+    operand, then its stacked windows): each round runs in parallel."""
     plan = _Plan("out")
-    padded = plan.temporary((2, 6), np.float32, zero=True)
+    padded = plan.temporary((2, 6), np.float32)
     stacked = plan.temporary((2, 3, 4), np.float32)
     other = plan.temporary((2, 4), np.float32)
     x = _Lazy("x", (), _stand_in((2, 4), np.float32))
+    plan.copy(padded[:, :1], None)
+    plan.copy(padded[:, 5:], None)
     plan.copy(padded[:, 1:5], x)
     for t in range(3):
         plan.copy(stacked[:, t], padded[:, t:t + 4])
     plan.copy(other, x)
     rounds = [[(d.source, None if s is None else s.source) for d, s in r] for r in plan.rounds]
-    assert rounds == [[(0, None), (2, "x")], [(0, "x")], [(1, 0)] * 3], rounds
+    assert rounds == [[(0, None), (0, None), (0, "x"), (2, "x")], [(1, 0)] * 3], rounds
+
+
+@pytest.mark.parametrize("offset", [(0, -2, 1), (1, 3, -4), (-1, -1, -1), (0, 9, 0), (0, 0, 0)])
+def test_a_shifted_window_copies_what_it_overlaps_and_zeroes_the_rest(offset):
+    """A window of an operand zero-padded on every side (a convolution's input gradient stacks
+    such windows of the cotangent) is copied without a padded copy: every element is written,
+    inside the operand with its value, outside with 0, including a window wholly outside."""
+    x = np.arange(1, 61, dtype=np.float32).reshape(2, 5, 6)
+    shape = (3, 4, 7)
+    plan = _Plan("out")
+    dst = plan.temporary(shape, np.float32)
+    plan.copy_shifted(dst, _Shifted(_Lazy("x", (), _stand_in(x.shape, x.dtype)), offset, shape))
+    sources = {"x": x, 0: np.full(shape, np.nan, np.float32)}
+    for copies in plan.rounds:
+        copy_all([(d(sources), s if s is None else s(sources)) for d, s in copies])
+    padded = np.pad(x, 10)
+    expected = padded[tuple(slice(10 + o, 10 + o + n) for o, n in zip(offset, shape))]
+    np.testing.assert_array_equal(sources[0], expected)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
