@@ -354,8 +354,8 @@ def _stand_in(shape: tuple[int, ...], dtype) -> np.ndarray:
 class _Plan:
     """A contraction's work for given shapes and dtypes: temporaries to allocate, copies and
     zero fills into them (stacked windows, zero where they pad an operand) in order, then BLAS
-    products written to the output's windows (`windows`: disjoint, each with the sum of its products), or else one
-    product whose slices are added window by window (`sums`)."""
+    products written to the output's windows (`windows`: disjoint, each with the sum of its
+    products), or else one product whose slices are added window by window (`sums`)."""
 
     def __init__(self, out: str):
         self.out = out
