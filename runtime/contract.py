@@ -256,9 +256,9 @@ class Contraction:
             copies = []  # windows of the carrier zero-padded by `pad`, copied without a padded copy
             for ms in itertools.product(*(range(count[t.var]) for t in lanes)):
                 at = {axis[t.var]: window(m, t.var) for t, m in zip(lanes, ms, strict=True)}
-                padded = [at.get(c, slice(0, extent[c] + 2 * pad.get(c, 0))) for c in subs]
-                copies.append(_Shifted(view, tuple(w.start - pad.get(c, 0) for w, c in zip(padded, subs)),
-                                       tuple(w.stop - w.start for w in padded)))
+                spans = [at.get(c, slice(0, extent[c] + 2 * pad.get(c, 0))) for c in subs]  # padded coords
+                copies.append(_Shifted(view, tuple(w.start - pad.get(c, 0) for w, c in zip(spans, subs)),
+                                       tuple(w.stop - w.start for w in spans)))
             stacked, stacked_subs = _stacked(copies, subs, "".join(letters[t.var] for t in lanes),
                                              [count[t.var] for t in lanes], plan)
             of_phase = {letters[t.var]: slice(first[t.var], first[t.var] + stride[t.var] * (count[t.var] - 1) + 1,
@@ -403,12 +403,16 @@ class _Plan:
             rounds[at].append((dst, src))
         return rounds
 
+    def run_copies(self, sources: dict) -> None:
+        """The copies and fills, round by round, into the temporaries in `sources`."""
+        for copies in self.rounds:
+            copy_all([(dst(sources), src if src is None else src(sources)) for dst, src in copies])
+
     def run(self, arrays: dict[str, np.ndarray], scale: float, assign: bool) -> None:
         sources: dict = dict(arrays)
         for k, (shape, dtype) in enumerate(self.temporaries):
             sources[k] = pool.empty(shape, dtype)
-        for copies in self.rounds:
-            copy_all([(dst(sources), src if src is None else src(sources)) for dst, src in copies])
+        self.run_copies(sources)
         out = arrays[self.out]
         if self.windows is not None:
             unwritten = self.unwritten if assign else []

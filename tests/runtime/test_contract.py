@@ -7,7 +7,6 @@ import re
 import numpy as np
 import pytest
 from halide_ad.runtime import parallel
-from halide_ad.runtime.parallel import copy_all
 from halide_ad.runtime.contract import (SMALL_PRODUCT, Contraction, _Lazy, _matmul, _matmul_plan, _Plan,
                                          _Shifted, _stand_in, _unwritten)
 
@@ -220,8 +219,7 @@ def test_a_shifted_window_copies_what_it_overlaps_and_zeroes_the_rest(offset):
     dst = plan.temporary(shape, np.float32)
     plan.copy_shifted(dst, _Shifted(_Lazy("x", (), _stand_in(x.shape, x.dtype)), offset, shape))
     sources = {"x": x, 0: np.full(shape, np.nan, np.float32)}
-    for copies in plan.rounds:
-        copy_all([(d(sources), s if s is None else s(sources)) for d, s in copies])
+    plan.run_copies(sources)
     padded = np.pad(x, 10)
     expected = padded[tuple(slice(10 + o, 10 + o + n) for o, n in zip(offset, shape))]
     np.testing.assert_array_equal(sources[0], expected)
