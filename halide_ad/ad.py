@@ -7,7 +7,7 @@ never into a Jacobian. The solver then turns each Scatter into a gather where it
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -142,6 +142,7 @@ def _loads(f: Func) -> list[Load]:
 
 def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
     """The adjoint of every buffer that needs one, outputs first (reverse topological order)."""
+    program = _clamps_into_extrema(program)
     needs = differentiable_buffers(program, wrt)
     contributions: dict[str, list[Scatter]] = {b: [] for b in needs}
     for f in reversed(program.funcs):
@@ -169,7 +170,7 @@ def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:
                 g = _mul(g, _exclusive_product(body))
             case _:
                 return []
-        body = body.body
+        body = _at_extremum(body.body, f) if body.op in ("max", "min") else body.body
     out: list[Scatter] = []
     self_value = {f.body: Load(f.name, f.vars, f.dtype)} if not isinstance(f.body, Reduce) else {}
 
@@ -182,6 +183,50 @@ def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:
 
     _backprop(body, g, (), emit, needs, f)
     return out
+
+
+def _clamps_into_extrema(program: Program) -> Program:
+    """`program` with each clamp (a relu) that a max or min reads as its whole body, and nothing
+    else reads, inlined there (the forward pass inlines it too): a max pool of a relu is
+    differentiated as one Func, whose test of the relu becomes a test of the pooled output
+    (`_at_extremum`)."""
+    funcs = {f.name: f for f in program.funcs}
+    reads: dict[str, int] = {}
+    for f in program.funcs:
+        for n in walk(f.body):
+            if isinstance(n, Load):
+                reads[n.buffer] = reads.get(n.buffer, 0) + 1
+    out = []
+    for f in program.funcs:
+        body = f.body
+        clamp = funcs.get(body.body.buffer) if f.keeps_argindex and isinstance(body.body, Load) else None
+        if (clamp is not None and reads[clamp.name] == 1 and clamp.name not in program.outputs
+                and clamp.dtype == f.dtype and _is_clamp(clamp.body)):
+            inlined = substitute(clamp.body, dict(zip(clamp.vars, body.body.index, strict=True)))
+            f = replace(f, body=replace(body, body=inlined))
+        out.append(f)
+    return replace(program, funcs=tuple(out))
+
+
+def _is_clamp(e: Expr) -> bool:
+    """`select(x > k, x, k)` or `select(x < k, x, k)`, either side of the test."""
+    match e:
+        case Select(Bin(Op.GT | Op.LT, a, b), t, fl):
+            return t != fl and {a, b} == {t, fl}
+    return False
+
+
+def _at_extremum(body: Expr, f: Func) -> Expr:
+    """A max or min reduction's body as its gradient sees it: the gradient flows only at the
+    extremal point, where the body's value is the output's, so a clamp's test there, `x > k` in
+    `select(x > k, x, k)`, is `out > k`. A max pool of a relu then reads its pooled output
+    instead of every input of each window."""
+    if _is_clamp(body) and dtype_of(body) == f.dtype:
+        out = Load(f.name, f.vars, f.dtype)
+        test, t, fl = body.cond, body.true, body.false
+        lhs, rhs = (out if side == t else side for side in (test.lhs, test.rhs))
+        return Select(Bin(test.op, lhs, rhs), t, fl)
+    return body
 
 
 def _exclusive_product(r: Reduce) -> Expr:

@@ -1,8 +1,11 @@
 """Gradients against float64 central finite differences, and against PyTorch where it has the op."""
+import re
+
 import numpy as np
 import pytest
 
 import halide_ad as hd
+from halide_ad import ops
 from tests import programs as P
 
 
@@ -135,3 +138,76 @@ def test_a_fully_stopped_input_gets_a_zero_gradient(rng):
     x = rng.standard_normal(5)
     (g,) = hd.vjp(hd.func(lambda x: hd.stop_gradient(x) * 3.0), x)[1](np.ones(5))
     np.testing.assert_array_equal(g, np.zeros(5))
+
+
+# A max or min pool of a clamp (a relu) is differentiated at the extremal point, where the clamp's
+# test reads the pooled output (ad._at_extremum): the gradient never reads the clamp's input.
+
+@hd.func
+def blur_relu_pool(x):
+    r, s = hd.rdom(3, 3)
+    n, c, h, w = x.shape
+    blurred = hd.compute((n, c, h - 2, w - 2), lambda a, b, i, j: hd.sum(x[a, b, i + r, j + s]) / 9,
+                         name="blurred")
+    return ops.max_pool2d(ops.relu(blurred), 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_max_pool_of_a_relu_reads_the_pooled_output_not_the_relus_input(rng, dtype):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((2, 3, 8, 10)).astype(dtype)
+    x[0, 0] = -1.0  # every window of this plane clamps to 0: its maximum is 0, its gradient 0
+    x[0, 1, :5, :5] = 0.5  # ties: the window's first maximal element gets the gradient
+    source = hd.explain(blur_relu_pool, x).backward_source
+    assert re.search(r"\bmax_pool2d\[", source) and not re.search(r"\bblurred\[", source), source
+    out, f_vjp = hd.vjp(blur_relu_pool, x)
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    (dx,) = f_vjp(ct)
+    xt = torch.tensor(x, requires_grad=True)
+    blurred = torch.nn.functional.avg_pool2d(xt, 3, stride=1)
+    (tx,) = torch.autograd.grad(torch.nn.functional.max_pool2d(torch.relu(blurred), 2), xt, torch.tensor(ct))
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(dx, tx.numpy(), **tol)
+    assert not dx[0, 0].any()
+    if dtype == np.float64:
+        hd.check_grad(blur_relu_pool, rng.standard_normal((1, 2, 6, 8)))
+
+
+def test_a_min_pool_of_a_clamp_to_an_array_differentiates_both(rng):
+    @hd.func
+    def min_of_clamp(x, t):
+        n, m = x.shape
+        k = hd.rdom(m)
+        clamped = hd.compute((n, m), lambda i, j: hd.where(t[i] < x[i, j], t[i], x[i, j]), name="clamped")
+        return hd.compute((n,), lambda i: hd.min(clamped[i, k]), name="smallest")
+
+    x, t = rng.standard_normal((5, 7)), rng.standard_normal(5)
+    t[0] = x[0].min() - 1.0  # the clamp wins everywhere in row 0: only t[0] gets the gradient
+    source = hd.explain(min_of_clamp, x, t).backward_source
+    assert re.search(r"\bsmallest\[", source), source
+    out, f_vjp = hd.vjp(min_of_clamp, x, t)
+    np.testing.assert_allclose(out, np.minimum(x, t[:, None]).min(axis=1), rtol=1e-15)
+    dx, dt = f_vjp(np.ones(5))
+    assert not dx[0].any() and dt[0] == 1.0
+    np.testing.assert_allclose(dx.sum(axis=1) + dt, np.ones(5), rtol=1e-15)
+    hd.check_grad(min_of_clamp, x, t)
+
+
+def test_a_relu_read_by_a_pool_and_by_another_func_keeps_its_own_gradient(rng):
+    @hd.func
+    def pooled_and_summed(x):
+        h = ops.relu(x)
+        return ops.sum(ops.max_pool2d(h, 2)) + ops.sum(h * h)
+
+    x = rng.standard_normal((1, 2, 4, 6))
+    x[0, 0, :2, :2] = -1.0  # a window of zeros after the relu: its first element gets nothing
+    h = np.maximum(x, 0)
+    first = h.reshape(1, 2, 2, 2, 3, 2).transpose(0, 1, 2, 4, 3, 5).reshape(1, 2, 2, 3, 4).argmax(axis=-1)
+    want = 2 * h
+    for idx in np.ndindex(first.shape):
+        n, c, i, j = idx
+        r, s = divmod(first[idx], 2)
+        want[n, c, 2 * i + r, 2 * j + s] += x[n, c, 2 * i + r, 2 * j + s] > 0
+    g = hd.grad(pooled_and_summed)(x)
+    np.testing.assert_allclose(g, want, rtol=1e-15)
+    hd.check_grad(pooled_and_summed, x)
