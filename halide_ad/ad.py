@@ -200,8 +200,10 @@ def _clamps_into_extrema(program: Program) -> Program:
     for f in program.funcs:
         body = f.body
         clamp = funcs.get(body.body.buffer) if f.keeps_argindex and isinstance(body.body, Load) else None
+        # (a data-dependent index is checked against the clamp's shape: it stays a Func of its own)
         if (clamp is not None and reads[clamp.name] == 1 and clamp.name not in program.outputs
-                and clamp.dtype == f.dtype and _is_clamp(clamp.body)):
+                and clamp.dtype == f.dtype and _is_clamp(clamp.body)
+                and not any(isinstance(n, Load) for e in body.body.index for n in walk(e))):
             inlined = substitute(clamp.body, dict(zip(clamp.vars, body.body.index, strict=True)))
             f = replace(f, body=replace(body, body=inlined))
         out.append(f)

@@ -211,3 +211,17 @@ def test_a_relu_read_by_a_pool_and_by_another_func_keeps_its_own_gradient(rng):
     g = hd.grad(pooled_and_summed)(x)
     np.testing.assert_allclose(g, want, rtol=1e-15)
     hd.check_grad(pooled_and_summed, x)
+
+
+def test_a_relu_read_at_data_dependent_points_keeps_its_own_adjoint(rng):
+    @hd.func
+    def largest_picked(x, picks):
+        h = ops.relu(x)
+        k = hd.rdom(picks.shape[0])
+        return hd.compute((), lambda: hd.max(h[picks[k]]), name="largest")
+
+    x, picks = rng.standard_normal(6), np.array([4, 1, 1, 5])
+    report = hd.explain(largest_picked, x, picks)
+    assert any("adj_relu" in c.formula for c in report.contributions), str(report)
+    np.testing.assert_allclose(largest_picked(x, picks), np.maximum(x[picks], 0).max(), rtol=1e-15)
+    hd.check_grad(largest_picked, x, picks)
