@@ -225,3 +225,45 @@ def test_a_relu_read_at_data_dependent_points_keeps_its_own_adjoint(rng):
     assert any("adj_relu" in c.formula for c in report.contributions), str(report)
     np.testing.assert_allclose(largest_picked(x, picks), np.maximum(x[picks], 0).max(), rtol=1e-15)
     hd.check_grad(largest_picked, x, picks)
+
+
+@hd.func
+def padded_pool_of_relu(x, kernel_size=2):
+    scaled = hd.compute(x.shape, lambda n, c, i, j: x[n, c, i, j] * 2.0, name="scaled")
+    return ops.max_pool2d(ops.relu(scaled), kernel_size, stride=2, padding=1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_padded_max_pool_of_a_relu_reads_the_pooled_output(rng, dtype):
+    """The window reads the relu through the padding's select (ad._on_spine)."""
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((2, 3, 9, 8)).astype(dtype)
+    x[1, 2] = -1.0  # every window clamps to 0
+    source = hd.explain(padded_pool_of_relu, x).backward_source
+    assert re.search(r"\bmax_pool2d\[", source) and not re.search(r"\bscaled\[", source), source
+    out, f_vjp = hd.vjp(padded_pool_of_relu, x)
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    (dx,) = f_vjp(ct)
+    xt = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.max_pool2d(torch.relu(xt * 2.0), 2, stride=2, padding=1)
+    (tx,) = torch.autograd.grad(ty, xt, torch.tensor(ct))
+    np.testing.assert_allclose(out, ty.detach().numpy(), rtol=1e-6 if dtype == np.float32 else 1e-15)
+    np.testing.assert_allclose(dx, tx.numpy(), rtol=1e-6 if dtype == np.float32 else 1e-15)
+    assert not dx[1, 2].any()
+    if dtype == np.float64:
+        hd.check_grad(padded_pool_of_relu, rng.standard_normal((1, 2, 7, 6)))
+
+
+def test_overlapping_windows_keep_the_relus_own_test(rng):
+    """A 3x3/2 pool covers a point with up to 4 windows: testing the pooled output in each would
+    cost more than testing the relu's input once (ad._read_once)."""
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((2, 3, 9, 8))
+    report = hd.explain(padded_pool_of_relu, x, 3)
+    assert any("adj_relu" in c.formula for c in report.contributions), str(report)
+    out, f_vjp = hd.vjp(padded_pool_of_relu, x, 3)
+    ct = rng.standard_normal(out.shape)
+    xt = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.max_pool2d(torch.relu(xt * 2.0), 3, stride=2, padding=1)
+    (tx,) = torch.autograd.grad(ty, xt, torch.tensor(ct))
+    np.testing.assert_allclose(f_vjp(ct)[0], tx.numpy(), rtol=1e-15)
