@@ -152,22 +152,31 @@ def blur_relu_pool(x):
     return ops.max_pool2d(ops.relu(blurred), 2)
 
 
+def _matches_torch(fn, torch_fn, x, rng, *static):
+    """fn's output and gradient (for a random cotangent) against torch_fn's; the gradient."""
+    torch = pytest.importorskip("torch")
+    out, f_vjp = hd.vjp(fn, x, *static)
+    ct = rng.standard_normal(out.shape).astype(x.dtype)
+    xt = torch.tensor(x, requires_grad=True)
+    ty = torch_fn(xt)
+    (tx,) = torch.autograd.grad(ty, xt, torch.tensor(ct))
+    tol = dict(rtol=1e-5, atol=1e-6) if x.dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(out, ty.detach().numpy(), **tol)
+    dx = f_vjp(ct)[0]
+    np.testing.assert_allclose(dx, tx.numpy(), **tol)
+    return dx
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_max_pool_of_a_relu_reads_the_pooled_output_not_the_relus_input(rng, dtype):
-    torch = pytest.importorskip("torch")
+    F = pytest.importorskip("torch").nn.functional
     x = rng.standard_normal((2, 3, 8, 10)).astype(dtype)
     x[0, 0] = -1.0  # every window of this plane clamps to 0: its maximum is 0, its gradient 0
     x[0, 1, :5, :5] = 0.5  # ties: the window's first maximal element gets the gradient
     source = hd.explain(blur_relu_pool, x).backward_source
     assert re.search(r"\bmax_pool2d\[", source) and not re.search(r"\bblurred\[", source), source
-    out, f_vjp = hd.vjp(blur_relu_pool, x)
-    ct = rng.standard_normal(out.shape).astype(dtype)
-    (dx,) = f_vjp(ct)
-    xt = torch.tensor(x, requires_grad=True)
-    blurred = torch.nn.functional.avg_pool2d(xt, 3, stride=1)
-    (tx,) = torch.autograd.grad(torch.nn.functional.max_pool2d(torch.relu(blurred), 2), xt, torch.tensor(ct))
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(dx, tx.numpy(), **tol)
+    reference = lambda t: F.max_pool2d(F.relu(F.avg_pool2d(t, 3, stride=1)), 2)  # noqa: E731
+    dx = _matches_torch(blur_relu_pool, reference, x, rng)
     assert not dx[0, 0].any()
     if dtype == np.float64:
         hd.check_grad(blur_relu_pool, rng.standard_normal((1, 2, 6, 8)))
@@ -236,19 +245,13 @@ def padded_pool_of_relu(x, kernel_size=2):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_padded_max_pool_of_a_relu_reads_the_pooled_output(rng, dtype):
     """The window reads the relu through the padding's select (ad._on_spine)."""
-    torch = pytest.importorskip("torch")
+    F = pytest.importorskip("torch").nn.functional
     x = rng.standard_normal((2, 3, 9, 8)).astype(dtype)
     x[1, 2] = -1.0  # every window clamps to 0
     source = hd.explain(padded_pool_of_relu, x).backward_source
     assert re.search(r"\bmax_pool2d\[", source) and not re.search(r"\bscaled\[", source), source
-    out, f_vjp = hd.vjp(padded_pool_of_relu, x)
-    ct = rng.standard_normal(out.shape).astype(dtype)
-    (dx,) = f_vjp(ct)
-    xt = torch.tensor(x, requires_grad=True)
-    ty = torch.nn.functional.max_pool2d(torch.relu(xt * 2.0), 2, stride=2, padding=1)
-    (tx,) = torch.autograd.grad(ty, xt, torch.tensor(ct))
-    np.testing.assert_allclose(out, ty.detach().numpy(), rtol=1e-6 if dtype == np.float32 else 1e-15)
-    np.testing.assert_allclose(dx, tx.numpy(), rtol=1e-6 if dtype == np.float32 else 1e-15)
+    reference = lambda t: F.max_pool2d(F.relu(t * 2.0), 2, stride=2, padding=1)  # noqa: E731
+    dx = _matches_torch(padded_pool_of_relu, reference, x, rng)
     assert not dx[1, 2].any()
     if dtype == np.float64:
         hd.check_grad(padded_pool_of_relu, rng.standard_normal((1, 2, 7, 6)))
@@ -257,13 +260,9 @@ def test_a_padded_max_pool_of_a_relu_reads_the_pooled_output(rng, dtype):
 def test_overlapping_windows_keep_the_relus_own_test(rng):
     """A 3x3/2 pool covers a point with up to 4 windows: testing the pooled output in each would
     cost more than testing the relu's input once (ad._read_once)."""
-    torch = pytest.importorskip("torch")
+    F = pytest.importorskip("torch").nn.functional
     x = rng.standard_normal((2, 3, 9, 8))
     report = hd.explain(padded_pool_of_relu, x, 3)
     assert any("adj_relu" in c.formula for c in report.contributions), str(report)
-    out, f_vjp = hd.vjp(padded_pool_of_relu, x, 3)
-    ct = rng.standard_normal(out.shape)
-    xt = torch.tensor(x, requires_grad=True)
-    ty = torch.nn.functional.max_pool2d(torch.relu(xt * 2.0), 3, stride=2, padding=1)
-    (tx,) = torch.autograd.grad(ty, xt, torch.tensor(ct))
-    np.testing.assert_allclose(f_vjp(ct)[0], tx.numpy(), rtol=1e-15)
+    reference = lambda t: F.max_pool2d(F.relu(t * 2.0), 3, stride=2, padding=1)  # noqa: E731
+    _matches_torch(padded_pool_of_relu, reference, x, rng, 3)
