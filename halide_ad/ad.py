@@ -143,7 +143,7 @@ def _loads(f: Func) -> list[Load]:
 
 def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
     """The adjoint of every buffer that needs one, outputs first (reverse topological order)."""
-    program = _clamps_into_extrema(program)
+    program, _ = clamps_into_extrema(program)
     needs = differentiable_buffers(program, wrt)
     contributions: dict[str, list[Scatter]] = {b: [] for b in needs}
     for f in reversed(program.funcs):
@@ -186,14 +186,16 @@ def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:
     return out
 
 
-def _clamps_into_extrema(program: Program) -> Program:
+def clamps_into_extrema(program: Program) -> tuple[Program, dict[str, str]]:
     """`program` with each clamp (a relu) that a max or min reads where its value is the body's
     (`_on_spine`: the whole body, or a branch of a padded window's select), in windows that do not
     overlap, and that nothing else reads, inlined there (the forward pass inlines it too): a max
     pool of a relu is then differentiated as one Func, whose test of the relu becomes a test of the
     pooled output (`_at_extremum`). Overlapping windows (a 3x3/2 pool) would test each point once
-    per window that covers it instead of once: that gradient ran 10-20% slower."""
+    per window that covers it instead of once: that gradient ran 10-20% slower. Also returns
+    which clamps were inlined, each with the max or min it went into (`hd.explain` says so)."""
     funcs = {f.name: f for f in program.funcs}
+    inlined: dict[str, str] = {}
     reads: dict[str, int] = {}
     for f in program.funcs:
         for n in walk(f.body):
@@ -205,11 +207,12 @@ def _clamps_into_extrema(program: Program) -> Program:
         if (clamp is None or reads[clamp.name] != 1 or clamp.name in program.outputs or clamp.dtype != f.dtype
                 or not _is_clamp(clamp.body) or not _read_once(e.index, f.body.rvars)):
             return e
+        inlined[clamp.name] = f.name
         return substitute(clamp.body, dict(zip(clamp.vars, e.index, strict=True)))
 
-    return replace(program, funcs=tuple(
-        replace(f, body=replace(f.body, body=_on_spine(f.body.body, lambda e: inline(e, f))))
-        if f.keeps_argindex else f for f in program.funcs))
+    funcs_now = tuple(replace(f, body=replace(f.body, body=_on_spine(f.body.body, lambda e: inline(e, f))))
+                      if f.keeps_argindex else f for f in program.funcs)
+    return replace(program, funcs=funcs_now), inlined
 
 
 def _read_once(index: tuple[Expr, ...], rvars: tuple[Range, ...]) -> bool:

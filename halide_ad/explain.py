@@ -1,9 +1,10 @@
 """`hd.explain`: the forward IR, every adjoint contribution with its form, and the kernel sources."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from halide_ad import ir
+from halide_ad.ad import clamps_into_extrema
 from halide_ad.show import show, show_func
 from halide_ad.runtime.contract import Contraction
 from halide_ad.solver import Fallback
@@ -26,6 +27,7 @@ class Explanation:
     forward_source: str
     backward_source: str
     fused: tuple[str, ...] = ()  # Funcs the forward computes where they are read, not stored
+    through: dict[str, str] = field(default_factory=dict)  # clamps differentiated inside a max or min
 
     def forms(self, buffer: str | None = None) -> list[str]:
         return [c.form for c in self.contributions if buffer is None or c.buffer == buffer]
@@ -34,7 +36,10 @@ class Explanation:
         lines = [f"== halide_ad: {self.program.name}", "", "-- forward IR"]
         lines += [f"  {b.name}: input {b.dtype}{list(b.shape)}" for b in self.program.inputs]
         fused = "  [not stored: computed where it is read]"
-        lines += [f"  {show_func(f)}" + (fused if f.name in self.fused else "") for f in self.program.funcs]
+        through = "  [no adjoint: differentiated inside {}, whose output its test reads]"
+        lines += [f"  {show_func(f)}" + (fused if f.name in self.fused else "")
+                  + (through.format(self.through[f.name]) if f.name in self.through else "")
+                  for f in self.program.funcs]
         lines += [f"  outputs: {', '.join(self.program.outputs)}", "", "-- adjoint contributions"]
         for c in self.contributions:
             lines.append(f"  [{c.form}] {c.formula}" + (f"   ({c.loc})" if c.loc else ""))
@@ -76,4 +81,5 @@ def explain(fn, *args, **kwargs) -> Explanation:
                                               c.reason if isinstance(c, Fallback) else None,
                                               str(s.loc) if s.loc else None))
     fused = tuple(f.name for f in traced.program.funcs if f.name not in forward.buffers())
-    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused)
+    through = clamps_into_extrema(traced.program)[1]
+    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused, through)
