@@ -317,7 +317,10 @@ def _backprop(e: Expr, g: Expr, path: tuple[Expr, ...], emit, needs: set[str], f
 
 
 def _merge(scatters: list[Scatter]) -> tuple[Scatter, ...]:
-    """Contributions with the same index, domain and predicate become one, values summed."""
+    """Contributions with the same index, domain and predicate become one, values summed. Two whose
+    predicates differ only in a test and its negation (a select's two branches reading the same
+    point, as in a leaky relu) become one whose value is that select: one guard per point, not two.
+    """
     merged: dict[tuple, Scatter] = {}
     for s in scatters:
         key = (s.buffer, s.index, s.domain, s.where)
@@ -326,5 +329,42 @@ def _merge(scatters: list[Scatter]) -> tuple[Scatter, ...]:
             merged[key] = Scatter(m.buffer, m.index, Bin(Op.ADD, m.value, s.value), m.domain, m.where, m.loc)
         else:
             merged[key] = s
-    return tuple(merged.values())
+    out: list[Scatter] = []
+    for s in merged.values():
+        for k, m in enumerate(out):
+            same_points = (m.buffer, m.index, m.domain) == (s.buffer, s.index, s.domain)
+            split = _branches(m.where, s.where) if same_points else None
+            if split is not None:
+                common, test, first = split
+                values = (m.value, s.value) if first else (s.value, m.value)
+                out[k] = Scatter(m.buffer, m.index, Select(test, *values), m.domain, common, m.loc)
+                break
+        else:
+            out.append(s)
+    return tuple(out)
 
+
+def _branches(a: Expr | None, b: Expr | None) -> tuple[Expr | None, Expr, bool] | None:
+    """Where predicates `a` and `b` are the same conjunction but for one term, `test` in one and
+    `not test` in the other: (the rest, test, whether `a` holds the test); else None."""
+    ta, tb = _conjuncts(a), _conjuncts(b)
+    if len(ta) != len(tb):
+        return None
+    differ = [k for k, (x, y) in enumerate(zip(ta, tb)) if x != y]
+    if len(differ) != 1:
+        return None
+    (k,) = differ
+    rest = conjunction(ta[:k] + ta[k + 1:])
+    if tb[k] == Call("not", (ta[k],)):
+        return rest, ta[k], True
+    if ta[k] == Call("not", (tb[k],)):
+        return rest, tb[k], False
+    return None
+
+
+def _conjuncts(e: Expr | None) -> list[Expr]:
+    if e is None:
+        return []
+    if isinstance(e, Bin) and e.op == Op.AND:
+        return _conjuncts(e.lhs) + _conjuncts(e.rhs)
+    return [e]

@@ -268,3 +268,18 @@ def test_overlapping_windows_keep_the_relus_own_test(rng):
     assert any("adj_relu" in c.formula for c in report.contributions), str(report)
     reference = lambda t: F.max_pool2d(F.relu(t * 2.0), 3, stride=2, padding=1)  # noqa: E731
     _matches_torch(padded_pool_of_relu, reference, x, rng, 3)
+
+
+def test_a_selects_two_branches_reading_one_point_are_one_contribution(rng):
+    """leaky relu: `g if x > 0` and `0.2 g if not x > 0` become one gather of a select (ad._merge)."""
+    @hd.func
+    def leaky(x):
+        return ops.leaky_relu(x, 0.2)
+
+    x = rng.standard_normal((3, 5))
+    x[0, :2] = 0.0, -0.0  # the test's boundary: the slope's branch
+    report = hd.explain(leaky, x)
+    assert report.forms("x") == ["gather"], str(report)
+    (g,) = hd.vjp(leaky, x)[1](np.full_like(x, 3.0))
+    np.testing.assert_array_equal(g, np.where(x > 0, 3.0, 3.0 * 0.2))
+    hd.check_grad(leaky, rng.standard_normal((3, 5)))
