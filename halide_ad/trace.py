@@ -48,7 +48,7 @@ class TraceState:
 # Names that generated kernels use for themselves, so no buffer may take them.
 _GENERATED_CODE_NAMES = set(vars(builtins)) | {
     "np", "math", "numba", "njit", "prange", "parallel_for", "kernel", "checked", "status", "acc", "arg", "val",
-    "start", "stop", "forward", "backward"}
+    "start", "stop", "forward", "backward", "branchless"}
 
 _local = threading.local()
 

@@ -30,7 +30,7 @@ _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
              "tap", "start", "stop",
-             "parallel_for", "kernel"}
+             "parallel_for", "kernel", "branchless"}
 # hoisted loads and indices, literals, tables, staged adjoints
 _LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|(acc|red\d+)_lane\d")
 
@@ -139,6 +139,8 @@ class Emitter:
                 return self.cast(f"math.erf({self.expr(a)})", dtype_of(e))
             case Call(fn, args) if fn in _NP_FUNCS:
                 return f"{_NP_FUNCS[fn]}({', '.join(self.expr(a) for a in args)})"
+            case Select(c, t, f) if self._speculable(t) and self._speculable(f):
+                return f"branchless({self.expr(c)}, {self.expr(t)}, {self.expr(f)})"
             case Select(c, t, f):
                 return f"({self.expr(t)} if {self.expr(c)} else {self.expr(f)})"
             case Cast(dtype, v):
@@ -146,6 +148,20 @@ class Emitter:
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")
+
+    def _speculable(self, e: Expr) -> bool:
+        """Whether `e` may be computed where its select does not take it (`branchless`): no load
+        but those already read into variables (a guarded one may be out of range), no reduction,
+        no integer division or remainder by a variable (it may be zero)."""
+        for n in walk(e):
+            if self.hoisted and n in self.hoisted:
+                continue
+            match n:
+                case Load() | Reduce():
+                    return False
+                case Bin(Op.FLOORDIV | Op.MOD, _, divisor) if not isinstance(divisor, Const) or not divisor.value:
+                    return False
+        return True
 
     def cast(self, text: str, dtype: str) -> str:
         return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"

@@ -24,7 +24,7 @@ HEADER = '''\
 import math
 import numpy as np
 from numba import njit
-from halide_ad.runtime.parallel import kernel, parallel_for
+from halide_ad.runtime.parallel import branchless, kernel, parallel_for
 
 
 @njit(inline="always", cache=True)
@@ -71,7 +71,7 @@ def _checked(i, n, status, which):
 def interpret_kernel(source: str, entry: str, title: str):
     """`entry` from `source` as a plain Python function: the same code, without numba."""
     namespace = {"np": np, "math": math, "parallel_for": parallel_for, "checked": _checked,
-                 "kernel": lambda f: f}
+                 "kernel": lambda f: f, "branchless": lambda c, a, b: a if c else b}
     exec(compile(source, f"<halide_ad:{title}>", "exec"), namespace)
     return namespace[entry]
 

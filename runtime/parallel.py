@@ -29,6 +29,7 @@ import numba
 import numpy as np
 import threadpoolctl
 from numba import njit
+from numba.extending import intrinsic
 
 CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
@@ -247,3 +248,21 @@ def kernel(fn):
     if _LeanCache is not None and hasattr(dispatcher, "_cache"):  # (not with NUMBA_DISABLE_JIT)
         dispatcher._cache = _LeanCache(fn)
     return dispatcher
+
+
+@intrinsic
+def branchless(typingctx, cond, a, b):
+    """`a if cond else b` as one LLVM select, for kernels whose two values are safe to compute
+    either way (codegen decides): numba turns a conditional expression into branches, and nested
+    ones (a max pool's argmax test around a leaky relu's) stayed branches that mispredict and
+    keep LLVM from vectorizing: that gradient ran 27 ms, against 4 with selects."""
+    out = typingctx.unify_types(a, b)
+    if out is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        c, x, y = (context.cast(builder, v, t, to)
+                   for v, t, to in zip(args, sig.args, (numba.types.boolean, out, out), strict=True))
+        return builder.select(c, x, y)
+
+    return out(cond, a, b), codegen

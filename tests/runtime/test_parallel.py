@@ -213,3 +213,15 @@ def test_a_forked_child_runs_parallel_loops(tmp_path):
                           env=os.environ | {"NUMBA_NUM_THREADS": "2"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "100"
+
+
+def test_branchless_picks_as_a_conditional_does():
+    """codegen writes a select of values already computed as one LLVM select (parallel.branchless)."""
+    @numba.njit
+    def pick(c, a, b):
+        return parallel.branchless(c, a, b)
+
+    assert pick(True, np.float32(1.5), np.float32(2.5)) == np.float32(1.5)
+    assert pick(False, np.float32(1.5), np.float32(2.5)) == np.float32(2.5)
+    assert pick(False, 1, 2.5) == 2.5 and pick(True, 1, 2.5) == 1.0  # int and float unify
+    assert np.isnan(pick(True, np.nan, 0.0)) and pick(False, np.nan, 0.0) == 0.0
