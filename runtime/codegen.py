@@ -159,7 +159,9 @@ class Emitter:
             match n:
                 case Load() | Reduce():
                     return False
-                case Bin(Op.FLOORDIV | Op.MOD, _, divisor) if not isinstance(divisor, Const) or not divisor.value:
+                case Bin(Op.FLOORDIV | Op.MOD, _, Const(k)) if k:
+                    continue
+                case Bin(Op.FLOORDIV | Op.MOD):
                     return False
         return True
 
