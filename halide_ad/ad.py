@@ -249,11 +249,25 @@ def _on_spine(e: Expr, rule: Callable[[Expr], Expr]) -> Expr:
 
 
 def _is_clamp(e: Expr) -> bool:
-    """`select(x > k, x, k)` or `select(x < k, x, k)`, either side of the test."""
+    """Whether `e` is a select whose strict test of its true value x is answered by its own value:
+    a clamp, `select(x > k, x, k)`, or a leaky relu, `select(x > 0, x, x * c)` with c >= 0 (so
+    that x <= 0 gives a value <= 0); `<` for either, either side of the test."""
     match e:
-        case Select(Bin(Op.GT | Op.LT, a, b), t, fl):
-            return t != fl and {a, b} == {t, fl}
+        case Select(Bin(Op.GT | Op.LT, a, b), t, fl) if t != fl and t in (a, b):
+            k = b if a == t else a
+            return fl == k or (_is_zero(k) and any(
+                factor == t and isinstance(c, Const) and is_float(c.dtype) and c.value >= 0
+                for factor, c in _factor_pairs(fl)))
     return False
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and e.value == 0
+
+
+def _factor_pairs(e: Expr) -> tuple[tuple[Expr, Expr], ...]:
+    """`e` = a * b as (a, b) and (b, a); nothing where it is not a product."""
+    return ((e.lhs, e.rhs), (e.rhs, e.lhs)) if isinstance(e, Bin) and e.op == Op.MUL else ()
 
 
 def _at_extremum(body: Expr, f: Func) -> Expr:

@@ -283,3 +283,26 @@ def test_a_selects_two_branches_reading_one_point_are_one_contribution(rng):
     (g,) = hd.vjp(leaky, x)[1](np.full_like(x, 3.0))
     np.testing.assert_array_equal(g, np.where(x > 0, 3.0, 3.0 * 0.2))
     hd.check_grad(leaky, rng.standard_normal((3, 5)))
+
+
+@hd.func
+def pool_of_leaky(x, slope):
+    scaled = hd.compute(x.shape, lambda n, c, i, j: x[n, c, i, j] * 2.0, name="scaled")
+    return ops.max_pool2d(ops.leaky_relu(scaled, slope), 2)
+
+
+@pytest.mark.parametrize("slope", [0.1, -0.5])
+def test_a_max_pool_of_a_leaky_relu_reads_the_pooled_output_for_a_positive_slope(rng, slope):
+    """With slope >= 0 the sign of the leaky relu's value is its test's answer; with a negative
+    slope a negative input gives a positive value, so the relu keeps its own test."""
+    F = pytest.importorskip("torch").nn.functional
+    x = rng.standard_normal((2, 3, 6, 8))
+    x[1, 0] = -1.0  # every window negative: the gradient takes the slope's branch
+    report = hd.explain(pool_of_leaky, x, slope)
+    reads_input = re.search(r"\bscaled\[", report.backward_source) is not None
+    assert reads_input == (slope < 0), str(report)
+    assert slope < 0 or "branchless(" in report.backward_source  # the nested selects, as LLVM selects
+    reference = lambda t: F.max_pool2d(F.leaky_relu(t * 2.0, slope), 2)  # noqa: E731
+    dx = _matches_torch(pool_of_leaky, reference, x, rng, slope)
+    assert dx[1, 0].any()
+    hd.check_grad(pool_of_leaky, rng.standard_normal((1, 2, 4, 6)), slope)
