@@ -15,7 +15,8 @@ from halide_ad.errors import InternalError, NotDifferentiableError
 from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
                           Select, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
 from halide_ad.solver.affine import linear_form
-from halide_ad.traverse import children, conjunction, simplify, substitute, walk
+from halide_ad.traverse import (children, conjunction, conjuncts, is_zero, loads, simplify, substitute,
+                                walk)
 
 
 @dataclass(frozen=True)
@@ -162,16 +163,18 @@ def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:
     if isinstance(body, Reduce):
         domain = domain + body.rvars
         conds = [body.where] if body.where is not None else []
+        inner = body.body
         match body.op:
             case "sum":
                 pass
             case "max" | "min":  # only the first extremal element receives the gradient
                 conds.append(Bin(Op.EQ, flat_index(body.rvars), Load(argindex_name(f.name), f.vars, f.argindex_dtype)))
+                inner = _at_extremum(inner, f)
             case "prod":  # the product of the other elements: no division, so zeros are fine
                 g = _mul(g, _exclusive_product(body))
             case _:
                 return []
-        body = _at_extremum(body.body, f) if body.op in ("max", "min") else body.body
+        body = inner
     out: list[Scatter] = []
     self_value = {f.body: Load(f.name, f.vars, f.dtype)} if not isinstance(f.body, Reduce) else {}
 
@@ -198,9 +201,8 @@ def clamps_into_extrema(program: Program) -> tuple[Program, dict[str, str]]:
     inlined: dict[str, str] = {}
     reads: dict[str, int] = {}
     for f in program.funcs:
-        for n in walk(f.body):
-            if isinstance(n, Load):
-                reads[n.buffer] = reads.get(n.buffer, 0) + 1
+        for n in loads(f.body):
+            reads[n.buffer] = reads.get(n.buffer, 0) + 1
 
     def inline(e: Expr, f: Func) -> Expr:
         clamp = funcs.get(e.buffer) if isinstance(e, Load) else None
@@ -255,14 +257,10 @@ def _is_clamp(e: Expr) -> bool:
     match e:
         case Select(Bin(Op.GT | Op.LT, a, b), t, fl) if t != fl and t in (a, b):
             k = b if a == t else a
-            return fl == k or (_is_zero(k) and any(
+            return fl == k or (is_zero(k) and any(
                 factor == t and isinstance(c, Const) and is_float(c.dtype) and c.value >= 0
                 for factor, c in _factor_pairs(fl)))
     return False
-
-
-def _is_zero(e: Expr) -> bool:
-    return isinstance(e, Const) and e.value == 0
 
 
 def _factor_pairs(e: Expr) -> tuple[tuple[Expr, Expr], ...]:
@@ -361,7 +359,7 @@ def _merge(scatters: list[Scatter]) -> tuple[Scatter, ...]:
 def _branches(a: Expr | None, b: Expr | None) -> tuple[Expr | None, Expr, bool] | None:
     """Where predicates `a` and `b` are the same conjunction but for one term, `test` in one and
     `not test` in the other: (the rest, test, whether `a` holds the test); else None."""
-    ta, tb = _conjuncts(a), _conjuncts(b)
+    ta, tb = conjuncts(a), conjuncts(b)
     if len(ta) != len(tb):
         return None
     differ = [k for k, (x, y) in enumerate(zip(ta, tb)) if x != y]
@@ -375,10 +373,3 @@ def _branches(a: Expr | None, b: Expr | None) -> tuple[Expr | None, Expr, bool] 
         return rest, tb[k], False
     return None
 
-
-def _conjuncts(e: Expr | None) -> list[Expr]:
-    if e is None:
-        return []
-    if isinstance(e, Bin) and e.op == Op.AND:
-        return _conjuncts(e.lhs) + _conjuncts(e.rhs)
-    return [e]

@@ -110,6 +110,15 @@ def loads(e: Expr) -> list[Load]:
     return [n for n in walk(e) if isinstance(n, Load)]
 
 
+def conjuncts(e: Expr | None) -> list[Expr]:
+    """The terms of a conjunction (the inverse of `conjunction`); none for no predicate."""
+    if e is None:
+        return []
+    if isinstance(e, Bin) and e.op is Op.AND:
+        return conjuncts(e.lhs) + conjuncts(e.rhs)
+    return [e]
+
+
 def conjunction(terms: list[Expr]) -> Expr | None:
     terms = [t for t in terms if not (isinstance(t, Const) and t.value is True)]
     if not terms:

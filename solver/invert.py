@@ -35,7 +35,7 @@ from halide_ad.solver import disk_cache, z3_bridge
 from halide_ad.solver.affine import Affine, Constraint, Linearizer
 from halide_ad.solver.bounds import box, interval
 from halide_ad.solver.z3_bridge import Query, Unsupported
-from halide_ad.traverse import simplify, substitute
+from halide_ad.traverse import conjuncts, simplify, substitute
 
 MAX_PIECES = 256
 
@@ -183,14 +183,6 @@ def _index_pieces(index: tuple[Expr, ...]) -> list[tuple[tuple[Expr, ...], list[
     return combos
 
 
-def _split_and(e: Expr | None) -> list[Expr]:
-    if e is None:
-        return []
-    if isinstance(e, Bin) and e.op is Op.AND:
-        return _split_and(e.lhs) + _split_and(e.rhs)
-    return [e]
-
-
 # ---- one affine piece ---------------------------------------------------------------------------
 
 def _invert_piece(scatter: Scatter, index, preds, shape, js) -> GatherPiece | str | None:
@@ -206,7 +198,7 @@ def _invert_piece(scatter: Scatter, index, preds, shape, js) -> GatherPiece | st
     constraints: list[Constraint] = []
     runtime_guards: list[Expr] = []
     linear_preds: list[Expr] = []
-    for pred in preds + _split_and(scatter.where):
+    for pred in preds + conjuncts(scatter.where):
         cs = lin.constraints(pred)
         if cs is None:
             runtime_guards.append(pred)
