@@ -15,7 +15,7 @@ from halide_ad import ir
 from halide_ad.compiler import (AdjointPlan, Kernel, compile_forward, compile_gradient, run_backward,
                                 run_forward)
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
-from halide_ad.tensor import BoundaryView, Tensor, add_func
+from halide_ad.tensor import BoundaryView, Tensor
 from halide_ad.trace import TraceState, current, tracing
 from halide_ad.traverse import walk
 

@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 
 from halide_ad.errors import HalideADWarning
-from halide_ad.ir import Bin, Call, Const, Expr, Op, Range, Scatter, Select, Var, const
+from halide_ad.ir import Bin, Call, Expr, Op, Range, Scatter, Select, Var, const
 from halide_ad.solver import disk_cache, z3_bridge
 from halide_ad.solver.affine import Affine, Constraint, Linearizer
 from halide_ad.solver.bounds import box, interval
