@@ -130,7 +130,7 @@ def compile_forward(program: Program) -> Kernel:
             continue
         flush()
         steps.append(ContractionStep(f.name, "zeros", (c,)))
-        sources.append(f"# {f.name} by BLAS: {c.formula}\n")
+        sources.append(f"# {f.name} by {c.engine}: {c.formula}\n")
     flush()
     return Kernel(steps, "\n".join(sources), tuple(scratch))
 
@@ -362,11 +362,17 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
             init = "ct_" + plan.adjoint.buffer if plan.adjoint.seeded else "zeros"
         flush()
         steps.append(ContractionStep(adjoint_name(plan.adjoint.buffer), init, blas))
-        calls = [", ".join(t.var.name for t in c.taps) for c in blas]
-        sources.append("".join(f"# {c.formula}  ({c.engine}, {'per tap of ' + n if n else 'one call'})\n"
-                               for c, n in zip(blas, calls, strict=True)))
+        sources.append("".join(f"# {c.formula}  ({c.engine}{_calls(c)})\n" for c in blas))
     flush()
     return Kernel(steps, "\n".join(sources)), plans
+
+
+def _calls(c: Contraction) -> str:
+    """How the BLAS calls of a contraction go, as its source comment says."""
+    if c.direct is not None:
+        return ""
+    taps = ", ".join(t.var.name for t in c.taps)
+    return f", per tap of {taps}" if taps else ", one call"
 
 
 def _private_adjoints(program: Program, plans: list[AdjointPlan]) -> frozenset[str]:

@@ -28,6 +28,7 @@ import numpy as np
 from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float
 from halide_ad.show import show
 from halide_ad.runtime.buffers import pool
+from halide_ad.runtime.direct_conv import DirectConvolution, convolution
 from halide_ad.runtime.parallel import by_rows, copy_all, each_image, matmul
 from halide_ad.solver.affine import linear_form
 
@@ -61,7 +62,19 @@ class Contraction:
 
     @property
     def engine(self) -> str:
+        if self.direct is not None:
+            return "a direct convolution kernel"
         return "BLAS" if self.b is not None else "numpy"
+
+    @functools.cached_property
+    def direct(self) -> DirectConvolution | None:
+        """The SIMD kernel that computes this contraction where it is a stride-1 2-D convolution
+        or one of its gradients (`runtime/direct_conv.py`), else None."""
+        if self.b is None or self.a.dtype != self.b.dtype:
+            return None
+        forms = [[_terms(e) for e in index] for index in (self.out_index, self.a.index, self.b.index)]
+        return convolution((self.out, self.a.buffer, self.b.buffer), forms, self.domain, dict(self.shapes),
+                           self.scale, self.a.dtype)
 
     def accumulate(self, buffers: dict[str, np.ndarray], *, assign: bool = False) -> None:
         """out += the contraction, or with `assign`, out = it (zero where it does not write).
@@ -80,6 +93,9 @@ class Contraction:
             return
         shapes = dict(self.shapes)
         arrays = {n: buffers[n].reshape(shapes[n]) for n in (self.out, self.a.buffer, self.b.buffer)}
+        if self.direct is not None and all(a.dtype == self.direct.dtype for a in arrays.values()):
+            self.direct.run(arrays, assign)
+            return
         if self.images is None:
             self._plan_for(shapes, arrays).run(arrays, self.scale, assign)
             return

@@ -1,0 +1,347 @@
+"""Direct 2-D convolutions: register-blocked SIMD kernels instead of BLAS on stacked copies.
+
+A stride-1 convolution `y[n, o, i, j] = sum over c, r, s of x[n, c, i + r, j + s] * k[o, c, r, s]`
+and its two gradients are contractions (`runtime/contract.py`), but as BLAS products they are
+products of 32 rows by a stacked copy of the image: BLAS packs the big operand for a few rows
+of the other, and the copies and shifted sums around it cost a third as much again. These
+kernels read the arrays where they are and keep a block of outputs in vector registers for the
+whole reduction (`runtime/simd.py`), as oneDNN's convolutions do:
+
+* `forward`, and the input gradient as a correlation of the zero-padded cotangent with the
+  flipped kernel: a block of 4 output channels by 2 vectors of columns, each loaded input row
+  multiplied by 4 broadcast weights;
+* the weight gradient: a block of 4 output channels by 3 taps, summed over images, rows and
+  vectors of columns, each lane a partial sum added up once at the end.
+
+Blocks that would run past the last column (or channel) start earlier instead and overlap the
+block before, so no load leaves a row and no lane is masked; where the kernel adds to what the
+output holds, the lanes (and channels) that the block before wrote are left out.
+
+Every kernel is generated for its shapes, so its loops have constant trip counts that LLVM
+unrolls, and compiled once through the kernel cache (`runtime/compile.py`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from halide_ad.runtime.buffers import pool
+from halide_ad.runtime.compile import compile_kernel
+from halide_ad.runtime.simd import lanes
+
+MIN_WORK = 1 << 24  # multiply-adds from which a kernel's compile (~1 s, once) pays off against BLAS's path
+CHANNELS = 4  # output channels per block
+VECTORS = 2  # vectors of columns per block of the forward and the input gradient
+TAPS = 3  # taps per block of the weight gradient
+
+
+@dataclass(frozen=True)
+class DirectConvolution:
+    """One of the three sums of a 2-D convolution: `role` names what `out` is, the forward's
+    output y (N, O, Ho, Wo), its input x (N, C, Ho + KH - 1, Wo + KW - 1) or its kernel k, whose
+    axes `k_axes` hold (o, c, r, s)."""
+    role: str  # "forward", "input" or "weight"
+    out: str
+    y: str
+    x: str
+    k: str
+    k_axes: tuple[int, int, int, int]
+    N: int
+    O: int
+    C: int
+    Ho: int
+    Wo: int
+    KH: int
+    KW: int
+    scale: float
+    dtype: str
+
+    def run(self, arrays: dict[str, np.ndarray], assign: bool) -> None:
+        """out (+)= scale * the sum, on the kernel threads."""
+        dtype = np.dtype(self.dtype)
+        out = arrays[self.out]
+        target = out if out.flags.c_contiguous else np.empty(out.shape, dtype)
+        kernel = self._kernel(assign or target is not out)
+        y, x = (np.ascontiguousarray(arrays[n], dtype).reshape(-1) for n in (self.y, self.x))
+        o, c, r, s = self.k_axes
+        k = arrays[self.k]
+        if self.role == "weight":
+            kernel(y, x, target.reshape(-1))
+        elif self.role == "forward":
+            kernel(x, _blocks(k.transpose(c, r, s, o), self.scale, dtype), target.reshape(-1))
+        else:  # adj_x[n, c, i, j] = sum over o, r, s of adj_y_padded[n, o, i + r, j + s] *
+            # k[o, c, KH - 1 - r, KW - 1 - s], adj_y with KH - 1 rows and KW - 1 columns of zeros around
+            Hp, Wp = self.padded
+            padded = pool.empty((self.N * self.O * Hp * Wp,), dtype)
+            flipped = k.transpose(o, r, s, c)[:, ::-1, ::-1, :]
+            kernel(y, padded, _blocks(flipped, self.scale, dtype), target.reshape(-1))
+        if target is not out:
+            if assign:
+                out[...] = target
+            else:
+                out += target
+
+    @property
+    def padded(self) -> tuple[int, int]:
+        """The height and width of the input gradient's padded cotangent."""
+        return self.Ho + 2 * self.KH - 2, self.Wo + 2 * self.KW - 2
+
+    def _kernel(self, assign: bool):
+        kernels = self.__dict__.setdefault("_kernels", {})  # frozen, but a cache is not a field
+        if assign not in kernels:
+            L = lanes(np.dtype(self.dtype).itemsize)
+            N, O, C, Ho, Wo, KH, KW = self.N, self.O, self.C, self.Ho, self.Wo, self.KH, self.KW
+            if self.role == "weight":
+                strides = _strides(self.k_axes, O, C, KH, KW)
+                source = weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, strides, self.scale, assign)
+            elif self.role == "forward":
+                source = correlation_source(N, C, Ho + KH - 1, Wo + KW - 1, KH, KW, O, L, assign)
+            else:
+                pad = (KH - 1, KW - 1)
+                source = correlation_source(N, O, *self.padded, KH, KW, C, L, assign, padding=pad)
+            kernels[assign] = compile_kernel(source, "run", f"direct convolution, {self.role} ({self.dtype})")
+        return kernels[assign]
+
+
+def _blocks(k: np.ndarray, scale: float, dtype) -> np.ndarray:
+    """scale * k (Ci, KH, KW, Co) as the correlation's blocks of output channels read it, each
+    block's weights together: (blocks, Ci, KH, KW, CHANNELS), the last block overlapping the one
+    before (4.6 KB a block where 32 channels' rows spread it over 18 KB of cache lines); flat."""
+    Co = k.shape[3]
+    width = min(CHANNELS, Co)
+    starts = [min(b, Co - width) for b in range(0, Co, width)]
+    return (np.stack([k[..., b:b + width] for b in starts]) * np.asarray(scale, dtype)).reshape(-1)
+
+
+def _strides(k_axes, O, C, KH, KW) -> tuple[int, int, int, int]:
+    """The element strides of o, c, r and s in the C-ordered kernel whose axes k_axes hold them."""
+    shape = [0] * 4
+    for axis, extent in zip(k_axes, (O, C, KH, KW), strict=True):
+        shape[axis] = extent
+    strides = [math.prod(shape[a + 1:]) for a in range(4)]
+    return tuple(strides[a] for a in k_axes)
+
+
+def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, scale: float,
+                dtype: str) -> DirectConvolution | None:
+    """The direct kernel for `out[...] += scale * a[...] * b[...]`, or None where that is not a
+    stride-1 2-D convolution sum (or too small to pay for a compile). `role_names` are the
+    buffers of out, a and b; `forms` their index components' affine terms ({var: coefficient,
+    None: constant}, or None)."""
+    if dtype not in ("float32", "float64") or len(set(role_names)) != 3 or any(len(f) != 4 for f in forms):
+        return None
+    shifted = [k for k, f in enumerate(forms)
+               if all(_plain(t) for t in f[:2]) and all(_pair(t) for t in f[2:])]
+    plain = [k for k, f in enumerate(forms) if all(_plain(t) for t in f)]
+    if len(shifted) != 1 or len(plain) != 2:
+        return None
+    xf = forms[shifted[0]]
+    n, c = _plain(xf[0]), _plain(xf[1])
+    ys = [k for k in plain if _plain(forms[k][0]) == n]
+    if len(ys) != 1:
+        return None
+    (ky,) = ys
+    (kk,) = [k for k in plain if k != ky]
+    yv = [_plain(t) for t in forms[ky]]
+    kv = [_plain(t) for t in forms[kk]]
+    o, i, j = yv[1], yv[2], yv[3]
+    rows, cols = _pair(xf[2]), _pair(xf[3])
+    if i not in rows or j not in cols:
+        return None
+    (r,) = rows - {i}
+    (s,) = cols - {j}
+    names = (n, o, c, i, j, r, s)
+    ranges = {d.var: d for d in domain}
+    if len(set(names)) != 7 or set(ranges) != set(names) or sorted(kv, key=names.index) != [o, c, r, s]:
+        return None
+    if any(not isinstance(d.lo, int) or d.lo != 0 for d in domain):
+        return None
+    N, O, C, Ho, Wo, KH, KW = (ranges[v].extent for v in names)
+    x, y, k = role_names[shifted[0]], role_names[ky], role_names[kk]
+    k_axes = tuple(kv.index(v) for v in (o, c, r, s))
+    expected = {y: (N, O, Ho, Wo), x: (N, C, Ho + KH - 1, Wo + KW - 1),
+                k: tuple((O, C, KH, KW)[k_axes.index(a)] for a in range(4))}
+    if any(tuple(shapes[name]) != shape for name, shape in expected.items()):
+        return None
+    role = {y: "forward", x: "input", k: "weight"}[role_names[0]]
+    L = lanes(np.dtype(dtype).itemsize)
+    if Wo < L or N * O * C * Ho * Wo * KH * KW < max(MIN_WORK, 1):  # (each row of y holds a vector)
+        return None
+    return DirectConvolution(role, role_names[0], y, x, k, k_axes, N, O, C, Ho, Wo, KH, KW, scale, dtype)
+
+
+def _plain(t) -> object | None:
+    """The variable of a component that is one variable, whole."""
+    if t is None or len(t) != 2 or t.get(None) != 0:
+        return None
+    (v,) = (v for v in t if v is not None)
+    return v if t[v] == 1 else None
+
+
+def _pair(t) -> set | None:
+    """The two variables of a component that is their sum."""
+    if t is None or len(t) != 3 or t.get(None) != 0 or any(c != 1 for v, c in t.items() if v is not None):
+        return None
+    return {v for v in t if v is not None}
+
+
+def correlation_source(N, Ci, Hi, Wi, KH, KW, Co, L, assign, padding=(0, 0)) -> str:
+    """`run(inp, k, out)`: out[n, o, y, x] (+)= sum over c, r, s of inp[n, c, y + r, x + s] *
+    k[c, r, s, o], inp and out C-ordered and flat, k in blocks of output channels (`_blocks`); in
+    parallel over the rows (n, y) of out. With `padding` (rows, columns), `run(src, inp, k, out)`
+    first copies src into inp's middle, zeros around it: numpy took 1.2 ms for the 4.5 MB of a
+    convolution's input gradient, half of it filling what the copy then overwrites."""
+    Ho, Wo = Hi - KH + 1, Wi - KW + 1
+    MR = min(CHANNELS, Co)
+    NR = max(v for v in range(1, VECTORS + 1) if v * L <= Wo)
+    block = NR * L
+    acc = [[f"a{t}_{u}" for u in range(NR)] for t in range(MR)]
+    every = [a for row in acc for a in row]
+    body = [f"{a} = simd.zero(out)" for a in every]
+    body += [f"for c in range({Ci}):",
+             f"    for r in range({KH}):",
+             f"        base = n * {Ci * Hi * Wi} + c * {Hi * Wi} + (y + r) * {Wi} + xb",
+             f"        kb = (b * {Ci} + c) * {KH * KW * MR} + r * {KW * MR}",
+             f"        for s in range({KW}):"]
+    body += [f"            v{u} = simd.load(inp, base + s + {u * L})" for u in range(NR)]
+    for t in range(MR):
+        body.append(f"            w = simd.splat(k, kb + {t})")
+        body += [f"            {acc[t][u]} = simd.fma(w, v{u}, {acc[t][u]})" for u in range(NR)]
+    body.append(f"            kb += {MR}")
+    body.append(f"o = n * {Co * Ho * Wo} + ob * {Ho * Wo} + y * {Wo} + xb")
+    for t in range(MR):
+        stores = []
+        for u in range(NR):
+            at = f"o + {t * Ho * Wo + u * L}"
+            if assign:  # a block that overlaps the one before writes the same values again
+                stores.append(f"simd.store(out, {at}, {acc[t][u]})")
+            else:
+                new = acc[t][u] if Wo % block == 0 else f"simd.keep_from({acc[t][u]}, xbi - xb - {u * L})"
+                stores.append(f"simd.store(out, {at}, simd.add(simd.load(out, {at}), {new}))")
+        if not assign and Co % MR:
+            body.append(f"if ob + {t} >= obi:")
+            body += ["    " + line for line in stores]
+        else:
+            body += stores
+    return _module([
+        "@kernel",
+        "def rows(lo, hi, inp, k, out):",
+        "    for item in range(lo, hi):",
+        f"        n = item // {Ho}",
+        f"        y = item - n * {Ho}",
+        f"        for b in range({-(-Co // MR)}):",
+        f"            obi = b * {MR}",
+        f"            ob = min(obi, {Co - MR})",
+        f"            for xbi in range(0, {Wo}, {block}):",
+        f"                xb = min(xbi, {Wo - block})",
+        *("                " + line for line in body),
+        "",
+        "",
+        *(_padding_source(N * Ci, Hi, Wi, *padding, N * Ho, L) if any(padding) else [
+            "def run(inp, k, out):",
+            f"    parallel_for(rows, 0, {N * Ho}, inp, k, out)"]),
+    ])
+
+
+def _padding_source(planes, Hp, Wp, ph, pw, rows, L) -> list[str]:
+    """`pad`: inp's rows from src's, with zeros around, in vectors (a row of at least L elements;
+    its last vector overlaps the one before)."""
+    H, W = Hp - 2 * ph, Wp - 2 * pw
+    copy = [f"for j in range(0, {W - L + 1}, {L}):",
+            f"    simd.store(inp, at + {pw} + j, simd.load(src, first + j))"]
+    if W % L:
+        copy.append(f"simd.store(inp, at + {pw + W - L}, simd.load(src, first + {W - L}))")
+    zeros = [f"inp[at + {j}] = 0" for j in range(pw)] + [f"inp[at + {pw + W + j}] = 0" for j in range(pw)]
+    return [
+        "@kernel",
+        "def pad(lo, hi, src, inp):",
+        "    for row in range(lo, hi):",
+        f"        i = row % {Hp} - {ph}",
+        f"        at = row * {Wp}",
+        f"        if 0 <= i < {H}:",
+        f"            first = (row // {Hp} * {H} + i) * {W}",
+        *("            " + line for line in zeros + copy),
+        "        else:",
+        f"            for j in range({Wp}):",
+        "                inp[at + j] = 0",
+        "",
+        "",
+        "def run(src, inp, k, out):",
+        f"    parallel_for(pad, 0, {planes * Hp}, src, inp)",
+        f"    parallel_for(rows, 0, {rows}, inp, k, out)",
+    ]
+
+
+def weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, k_strides, scale, assign) -> str:
+    """`run(y, x, k)`: k[o, c, r, s] (+)= scale * sum over n, i, j of y[n, o, i, j] * x[n, c, i + r,
+    j + s], y and x C-ordered and flat, k flat with the element strides k_strides of o, c, r, s;
+    in parallel over blocks of (output channels, c)."""
+    Hi, Wi = Ho + KH - 1, Wo + KW - 1
+    MR = min(CHANNELS, O)
+    so, sc, sr, ss = k_strides
+    taps = [(r, s) for r in range(KH) for s in range(KW)]
+    width = min(TAPS, len(taps))
+    groups = -(-len(taps) // width)
+    padded = taps + [taps[0]] * (groups * width - len(taps))  # the last block's spare taps: unstored repeats
+    acc = [[f"a{t}_{u}" for u in range(width)] for t in range(MR)]
+    every = [a for row in acc for a in row]
+
+    def products(indent: str, keep: str | None) -> list[str]:
+        def wrap(e):
+            return e if keep is None else f"simd.keep_from({e}, {keep})"
+        lines = [f"v{u} = {wrap(f'simd.load(x, xb + o{u} + j)')}" for u in range(width)]
+        for t in range(MR):
+            lines.append(f"g = {wrap(f'simd.load(y, yb + {t * Ho * Wo} + j)')}")
+            lines += [f"{acc[t][u]} = simd.fma(g, v{u}, {acc[t][u]})" for u in range(width)]
+        return [indent + line for line in lines]
+
+    new_rows = O % MR != 0  # the last block overlaps the one before: only its new channels are written
+    clear = []
+    if assign:
+        zero = [f"for tap in range({len(taps)}):", f"    k[(ob + t) * {so} + c * {sc} + K_AT[tap]] = 0"]
+        if new_rows:
+            zero = ["if ob + t >= obi:"] + ["    " + line for line in zero]
+        clear = [f"for t in range({MR}):"] + ["    " + line for line in zero]
+    stores = []
+    for t in range(MR):
+        for u in range(width):
+            cond = [f"REAL[{width} * grp + {u}]"] * (len(padded) > len(taps))
+            cond += [f"ob + {t} >= obi"] * new_rows
+            store = (f"k[(ob + {t}) * {so} + c * {sc} + K_AT[{width} * grp + {u}]] += "
+                     f"{float(scale)!r} * simd.total({acc[t][u]})")
+            stores += [f"if {' and '.join(cond)}:", "    " + store] if cond else [store]
+    tail = Wo % L
+    lines = [
+        f"X_AT = {tuple(r * Wi + s for r, s in padded)!r}",
+        f"K_AT = {tuple(r * sr + s * ss for r, s in padded)!r}",
+        f"REAL = {tuple(k < len(taps) for k in range(len(padded)))!r}",
+        "",
+        "",
+        "@kernel",
+        "def blocks(lo, hi, y, x, k):",
+        "    for item in range(lo, hi):",
+        f"        obi = (item // {C}) * {MR}",
+        f"        c = item - (item // {C}) * {C}",
+        f"        ob = min(obi, {O - MR})",
+        *("        " + line for line in clear),
+        f"        for n in range({N}):",
+        f"            for grp in range({groups}):",
+        *(f"                o{u} = X_AT[{width} * grp + {u}]" for u in range(width)),
+        *(f"                {a} = simd.zero(y)" for a in every),
+        f"                for i in range({Ho}):",
+        f"                    yb = n * {O * Ho * Wo} + ob * {Ho * Wo} + i * {Wo}",
+        f"                    xb = n * {C * Hi * Wi} + c * {Hi * Wi} + i * {Wi}",
+        f"                    for j in range(0, {Wo - L + 1}, {L}):",
+        *products("                        ", None),
+    ]
+    if tail:  # the row's last vector overlaps the one before: zero the lanes it already summed
+        lines += [f"                    j = {Wo - L}", *products("                    ", str(L - tail))]
+    lines += ["                " + line for line in stores]
+    lines += ["", "", "def run(y, x, k):", f"    parallel_for(blocks, 0, {-(-O // MR) * C}, y, x, k)"]
+    return _module(lines)
+
+
+def _module(lines: list[str]) -> str:
+    return "from halide_ad.runtime import simd\n\n\n" + "\n".join(lines) + "\n"
