@@ -25,10 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from halide_ad.runtime.buffers import pool
-from halide_ad.runtime.compile import compile_kernel
+from halide_ad.runtime.compile import compile_kernel, jit_enabled
 from halide_ad.runtime.simd import lanes
 
 MIN_WORK = 1 << 24  # multiply-adds from which a kernel's compile (~1 s, once) pays off against BLAS's path
@@ -129,7 +130,10 @@ def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, s
     """The direct kernel for `out[...] += scale * a[...] * b[...]`, or None where that is not a
     stride-1 2-D convolution sum (or too small to pay for a compile). `role_names` are the
     buffers of out, a and b; `forms` their index components' affine terms ({var: coefficient,
-    None: constant}, or None)."""
+    None: constant}, or None). Kernels that run as plain Python (HALIDE_AD_JIT=0) keep BLAS's path:
+    the vector intrinsics exist only compiled."""
+    if not jit_enabled() or numba.config.DISABLE_JIT:
+        return None
     if dtype not in ("float32", "float64") or len(set(role_names)) != 3 or any(len(f) != 4 for f in forms):
         return None
     shifted = [k for k, f in enumerate(forms)
