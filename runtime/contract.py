@@ -14,7 +14,8 @@ calls on views, batched over the image index, so that neither the operands nor t
 copied again. All of that depends on the shapes and dtypes alone: a contraction works it out
 once, on stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and
 products, and each call runs the plan (the Python that derives it cost ~1 ms of a convolution's
-gradient).
+gradient). A big stride-1 2-D convolution, forward or gradient, runs a direct SIMD kernel
+instead (`Contraction.direct`, `runtime/direct_conv.py`).
 """
 from __future__ import annotations
 
