@@ -14,8 +14,8 @@ calls on views, batched over the image index, so that neither the operands nor t
 copied again. All of that depends on the shapes and dtypes alone: a contraction works it out
 once, on stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and
 products, and each call runs the plan (the Python that derives it cost ~1 ms of a convolution's
-gradient). A big stride-1 2-D convolution, forward or gradient, runs a direct SIMD kernel
-instead (`Contraction.direct`, `runtime/direct_conv.py`).
+gradient). A big 2-D convolution's forward and weight gradient, and its input gradient at stride
+1, run direct SIMD kernels instead (`Contraction.direct`, `runtime/direct_conv.py`).
 """
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ class Contraction:
 
     @functools.cached_property
     def direct(self) -> DirectConvolution | None:
-        """The SIMD kernel that computes this contraction where it is a stride-1 2-D convolution
-        or one of its gradients (`runtime/direct_conv.py`), else None."""
+        """The SIMD kernel that computes this contraction where it is a 2-D convolution or one of
+        its gradients (`runtime/direct_conv.py`), else None."""
         if self.b is None or self.a.dtype != self.b.dtype:
             return None
         forms = [[_terms(e) for e in index] for index in (self.out_index, self.a.index, self.b.index)]

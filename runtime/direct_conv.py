@@ -1,17 +1,21 @@
 """Direct 2-D convolutions: register-blocked SIMD kernels instead of BLAS on stacked copies.
 
-A stride-1 convolution `y[n, o, i, j] = sum over c, r, s of x[n, c, i + r, j + s] * k[o, c, r, s]`
-and its two gradients are contractions (`runtime/contract.py`), but as BLAS products they are
+A convolution `y[n, o, i, j] = sum over c, r, s of x[n, c, i + r, j + s] * k[o, c, r, s]` and its
+two gradients are contractions (`runtime/contract.py`), but as BLAS products they are
 products of 32 rows by a stacked copy of the image: BLAS packs the big operand for a few rows
 of the other, and the copies and shifted sums around it cost a third as much again. These
-kernels read the arrays where they are and keep a block of outputs in vector registers for the
-whole reduction (`runtime/simd.py`), as oneDNN's convolutions do:
+kernels read the arrays where they are (or one padded or phase-split copy) and keep a block of
+outputs in vector registers for the whole reduction (`runtime/simd.py`), as oneDNN's convolutions do:
 
 * `forward`, and the input gradient as a correlation of the zero-padded cotangent with the
   flipped kernel: a block of 4 output channels by 2 vectors of columns, each loaded input row
   multiplied by 4 broadcast weights;
 * the weight gradient: a block of 4 output channels by 3 taps, summed over images, rows and
   vectors of columns, each lane a partial sum added up once at the end.
+
+At a stride (`x[n, c, 2 * i + r, 2 * j + s]`) the forward and the weight gradient read a copy
+of x whose rows hold their columns grouped by phase (even columns, then odd ones), so that a tap's
+columns are contiguous again; the strided input gradient stays with BLAS's products per tap.
 
 Blocks that would run past the last column (or channel) start earlier instead and overlap the
 block before, so no load leaves a row and no lane is masked; where the kernel adds to what the
@@ -40,9 +44,9 @@ TAPS = 3  # taps per block of the weight gradient
 
 @dataclass(frozen=True)
 class DirectConvolution:
-    """One of the three sums of a 2-D convolution: `role` names what `out` is, the forward's
-    output y (N, O, Ho, Wo), its input x (N, C, Ho + KH - 1, Wo + KW - 1) or its kernel k, whose
-    axes `k_axes` hold (o, c, r, s)."""
+    """One of the three sums of a 2-D convolution at strides (SH, SW): `role` names what `out`
+    is, the forward's output y (N, O, Ho, Wo), its input x (N, C, Hi, Wi) or its kernel k, whose
+    axes `k_axes` hold (o, c, r, s). The input gradient has strides 1."""
     role: str  # "forward", "input" or "weight"
     out: str
     y: str
@@ -56,6 +60,10 @@ class DirectConvolution:
     Wo: int
     KH: int
     KW: int
+    Hi: int
+    Wi: int
+    SH: int
+    SW: int
     scale: float
     dtype: str
 
@@ -66,12 +74,16 @@ class DirectConvolution:
         target = out if out.flags.c_contiguous else np.empty(out.shape, dtype)
         kernel = self._kernel(assign or target is not out)
         y, x = (np.ascontiguousarray(arrays[n], dtype).reshape(-1) for n in (self.y, self.x))
+        if self.SW > 1:  # and a buffer for x split by column phase (`_phases_source`)
+            x = (x, pool.empty((self.N * self.C * self.Hi * _phase_layout(self.Wi, self.SW, 1)[0],), dtype))
+        else:
+            x = (x,)
         o, c, r, s = self.k_axes
         k = arrays[self.k]
         if self.role == "weight":
-            kernel(y, x, target.reshape(-1))
+            kernel(y, *x, target.reshape(-1))
         elif self.role == "forward":
-            kernel(x, _blocks(k.transpose(c, r, s, o), self.scale, dtype), target.reshape(-1))
+            kernel(*x, _blocks(k.transpose(c, r, s, o), self.scale, dtype), target.reshape(-1))
         else:  # adj_x[n, c, i, j] = sum over o, r, s of adj_y_padded[n, o, i + r, j + s] *
             # k[o, c, KH - 1 - r, KW - 1 - s], adj_y with KH - 1 rows and KW - 1 columns of zeros around
             Hp, Wp = self.padded
@@ -94,11 +106,13 @@ class DirectConvolution:
         if assign not in kernels:
             L = lanes(np.dtype(self.dtype).itemsize)
             N, O, C, Ho, Wo, KH, KW = self.N, self.O, self.C, self.Ho, self.Wo, self.KH, self.KW
+            stride = (self.SH, self.SW)
             if self.role == "weight":
                 strides = _strides(self.k_axes, O, C, KH, KW)
-                source = weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, strides, self.scale, assign)
+                source = weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, strides, self.scale, assign,
+                                                self.Hi, self.Wi, stride)
             elif self.role == "forward":
-                source = correlation_source(N, C, Ho + KH - 1, Wo + KW - 1, KH, KW, O, L, assign)
+                source = correlation_source(N, C, self.Hi, self.Wi, KH, KW, O, L, assign, stride=stride)
             else:
                 pad = (KH - 1, KW - 1)
                 source = correlation_source(N, O, *self.padded, KH, KW, C, L, assign, padding=pad)
@@ -128,7 +142,8 @@ def _strides(k_axes, O, C, KH, KW) -> tuple[int, int, int, int]:
 def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, scale: float,
                 dtype: str) -> DirectConvolution | None:
     """The direct kernel for `out[...] += scale * a[...] * b[...]`, or None where that is not a
-    stride-1 2-D convolution sum (or too small to pay for a compile). `role_names` are the
+    2-D convolution sum, `x[n, c, SH * i + r, SW * j + s]` (strides 1 for the input gradient), or
+    is too small to pay for a compile. `role_names` are the
     buffers of out, a and b; `forms` their index components' affine terms ({var: coefficient,
     None: constant}, or None). Kernels that run as plain Python (HALIDE_AD_JIT=0) keep BLAS's path:
     the vector intrinsics exist only compiled."""
@@ -154,26 +169,32 @@ def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, s
     rows, cols = _pair(xf[2]), _pair(xf[3])
     if i not in rows or j not in cols:
         return None
-    (r,) = rows - {i}
-    (s,) = cols - {j}
+    (r,) = rows.keys() - {i}
+    (s,) = cols.keys() - {j}
+    SH, SW = rows[i], cols[j]
     names = (n, o, c, i, j, r, s)
     ranges = {d.var: d for d in domain}
     if len(set(names)) != 7 or set(ranges) != set(names) or sorted(kv, key=names.index) != [o, c, r, s]:
         return None
-    if any(not isinstance(d.lo, int) or d.lo != 0 for d in domain):
+    if any(not isinstance(d.lo, int) or d.lo != 0 for d in domain) or rows[r] != 1 or cols[s] != 1:
         return None
     N, O, C, Ho, Wo, KH, KW = (ranges[v].extent for v in names)
     x, y, k = role_names[shifted[0]], role_names[ky], role_names[kk]
+    role = {y: "forward", x: "input", k: "weight"}[role_names[0]]
     k_axes = tuple(kv.index(v) for v in (o, c, r, s))
-    expected = {y: (N, O, Ho, Wo), x: (N, C, Ho + KH - 1, Wo + KW - 1),
-                k: tuple((O, C, KH, KW)[k_axes.index(a)] for a in range(4))}
+    Hi, Wi = shapes[x][2:]  # the rows and columns x has; the sum reads them up to SH * (Ho - 1) + KH
+    k_shape = tuple((O, C, KH, KW)[k_axes.index(a)] for a in range(4))
+    expected = {y: (N, O, Ho, Wo), x: (N, C, Hi, Wi), k: k_shape}
     if any(tuple(shapes[name]) != shape for name, shape in expected.items()):
         return None
-    role = {y: "forward", x: "input", k: "weight"}[role_names[0]]
+    if Hi < SH * (Ho - 1) + KH or Wi < SW * (Wo - 1) + KW or role == "input" and (
+            (SH, SW) != (1, 1) or (Hi, Wi) != (Ho + KH - 1, Wo + KW - 1)):
+        return None
     L = lanes(np.dtype(dtype).itemsize)
     if Wo < L or N * O * C * Ho * Wo * KH * KW < max(MIN_WORK, 1):  # (each row of y holds a vector)
         return None
-    return DirectConvolution(role, role_names[0], y, x, k, k_axes, N, O, C, Ho, Wo, KH, KW, scale, dtype)
+    return DirectConvolution(role, role_names[0], y, x, k, k_axes, N, O, C, Ho, Wo, KH, KW, Hi, Wi, SH, SW,
+                             scale, dtype)
 
 
 def _plain(t) -> object | None:
@@ -184,32 +205,37 @@ def _plain(t) -> object | None:
     return v if t[v] == 1 else None
 
 
-def _pair(t) -> set | None:
-    """The two variables of a component that is their sum."""
-    if t is None or len(t) != 3 or t.get(None) != 0 or any(c != 1 for v, c in t.items() if v is not None):
+def _pair(t) -> dict | None:
+    """The two variables of a component that is a sum of positive multiples of them, and their
+    coefficients."""
+    if t is None or len(t) != 3 or t.get(None) != 0 or any(c < 1 for v, c in t.items() if v is not None):
         return None
-    return {v for v in t if v is not None}
+    return {v: c for v, c in t.items() if v is not None}
 
 
-def correlation_source(N, Ci, Hi, Wi, KH, KW, Co, L, assign, padding=(0, 0)) -> str:
-    """`run(inp, k, out)`: out[n, o, y, x] (+)= sum over c, r, s of inp[n, c, y + r, x + s] *
-    k[c, r, s, o], inp and out C-ordered and flat, k in blocks of output channels (`_blocks`); in
-    parallel over the rows (n, y) of out. With `padding` (rows, columns), `run(src, inp, k, out)`
+def correlation_source(N, Ci, Hi, Wi, KH, KW, Co, L, assign, padding=(0, 0), stride=(1, 1)) -> str:
+    """`run(inp, k, out)`: out[n, o, y, x] (+)= sum over c, r, s of inp[n, c, SH * y + r, SW * x +
+    s] * k[c, r, s, o], inp's rows split by column phase (`_phases_source`), out
+    C-ordered, both flat, k in blocks of output channels (`_blocks`); in parallel over the rows
+    (n, y) of out. With `padding` (rows, columns), `run(src, inp, k, out)`
     first copies src into inp's middle, zeros around it: numpy took 1.2 ms for the 4.5 MB of a
     convolution's input gradient, half of it filling what the copy then overwrites."""
-    Ho, Wo = Hi - KH + 1, Wi - KW + 1
+    SH, SW = stride
+    Ho, Wo = (Hi - KH) // SH + 1, (Wi - KW) // SW + 1
+    row, columns = _phase_layout(Wi, SW, KW)
     MR = min(CHANNELS, Co)
     NR = max(v for v in range(1, VECTORS + 1) if v * L <= Wo)
     block = NR * L
     acc = [[f"a{t}_{u}" for u in range(NR)] for t in range(MR)]
-    every = [a for row in acc for a in row]
+    every = [a for line in acc for a in line]
     body = [f"{a} = simd.zero(out)" for a in every]
     body += [f"for c in range({Ci}):",
              f"    for r in range({KH}):",
-             f"        base = n * {Ci * Hi * Wi} + c * {Hi * Wi} + (y + r) * {Wi} + xb",
+             f"        base = n * {Ci * Hi * row} + c * {Hi * row} + ({SH} * y + r) * {row} + xb",
              f"        kb = (b * {Ci} + c) * {KH * KW * MR} + r * {KW * MR}",
-             f"        for s in range({KW}):"]
-    body += [f"            v{u} = simd.load(inp, base + s + {u * L})" for u in range(NR)]
+             f"        for s in range({KW}):",
+             "            at = base + COLUMN[s]"]
+    body += [f"            v{u} = simd.load(inp, at + {u * L})" for u in range(NR)]
     for t in range(MR):
         body.append(f"            w = simd.splat(k, kb + {t})")
         body += [f"            {acc[t][u]} = simd.fma(w, v{u}, {acc[t][u]})" for u in range(NR)]
@@ -230,6 +256,9 @@ def correlation_source(N, Ci, Hi, Wi, KH, KW, Co, L, assign, padding=(0, 0)) -> 
         else:
             body += stores
     return _module([
+        f"COLUMN = {columns!r}",
+        "",
+        "",
         "@kernel",
         "def rows(lo, hi, inp, k, out):",
         "    for item in range(lo, hi):",
@@ -243,10 +272,44 @@ def correlation_source(N, Ci, Hi, Wi, KH, KW, Co, L, assign, padding=(0, 0)) -> 
         *("                " + line for line in body),
         "",
         "",
-        *(_padding_source(N * Ci, Hi, Wi, *padding, N * Ho, L) if any(padding) else [
+        *(_padding_source(N * Ci, Hi, Wi, *padding, N * Ho, L) if any(padding) else
+          _phases_source(N * Ci * Hi, Wi, SW, "run(x, inp, k, out)", "x", "inp",
+                         f"parallel_for(rows, 0, {N * Ho}, inp, k, out)") if SW > 1 else [
             "def run(inp, k, out):",
             f"    parallel_for(rows, 0, {N * Ho}, inp, k, out)"]),
     ])
+
+
+def _phase_layout(Wi: int, SW: int, KW: int) -> tuple[int, tuple[int, ...]]:
+    """The length of a row of x split by column phase, and where tap s's columns start in it."""
+    Wq = -(-Wi // SW)
+    return SW * Wq, tuple(s % SW * Wq + s // SW for s in range(KW))
+
+
+def _phases_source(lines: int, Wi: int, SW: int, signature: str, rows: str, split: str,
+                   then: str) -> list[str]:
+    """`phases`: each of x's `lines` rows into `split`'s, its columns grouped by phase j % SW (the
+    columns a strided row of taps reads, contiguous; `_phase_layout`), then `run` does `then`.
+    numpy's strided copies took 1.3 ms for conv2d stride 2's 4 MB input."""
+    row, _ = _phase_layout(Wi, SW, 1)
+    Wq = row // SW
+    body = [f"for q in range({Wi // SW}):"]
+    body += [f"    out[to + {p * Wq} + q] = src[at + {SW} * q + {p}]" for p in range(SW)]
+    body += [f"out[to + {j % SW * Wq + j // SW}] = src[at + {j}]" for j in range(Wi // SW * SW, Wi)]
+    body += [f"out[to + {p * Wq + Wq - 1}] = 0" for p in range(SW) if len(range(p, Wi, SW)) < Wq]
+    return [
+        "@kernel",
+        "def phases(lo, hi, src, out):",
+        "    for line in range(lo, hi):",
+        f"        at = line * {Wi}",
+        f"        to = line * {row}",
+        *("        " + line for line in body),
+        "",
+        "",
+        f"def {signature}:",
+        f"    parallel_for(phases, 0, {lines}, {rows}, {split})",
+        f"    {then}",
+    ]
 
 
 def _padding_source(planes, Hp, Wp, ph, pw, rows, L) -> list[str]:
@@ -278,11 +341,13 @@ def _padding_source(planes, Hp, Wp, ph, pw, rows, L) -> list[str]:
     ]
 
 
-def weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, k_strides, scale, assign) -> str:
-    """`run(y, x, k)`: k[o, c, r, s] (+)= scale * sum over n, i, j of y[n, o, i, j] * x[n, c, i + r,
-    j + s], y and x C-ordered and flat, k flat with the element strides k_strides of o, c, r, s;
-    in parallel over blocks of (output channels, c)."""
-    Hi, Wi = Ho + KH - 1, Wo + KW - 1
+def weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, k_strides, scale, assign, Hi, Wi, stride) -> str:
+    """`run(y, x, k)`: k[o, c, r, s] (+)= scale * sum over n, i, j of y[n, o, i, j] * x[n, c, SH * i
+    + r, SW * j + s], y C-ordered, x's rows split by column phase (`_phases_source`),
+    both flat, k flat with the element strides k_strides of o, c, r, s; in parallel over blocks
+    of (output channels, c)."""
+    SH, SW = stride
+    row, columns = _phase_layout(Wi, SW, KW)
     MR = min(CHANNELS, O)
     so, sc, sr, ss = k_strides
     taps = [(r, s) for r in range(KH) for s in range(KW)]
@@ -290,7 +355,7 @@ def weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, k_strides, scale, assign)
     groups = -(-len(taps) // width)
     padded = taps + [taps[0]] * (groups * width - len(taps))  # the last block's spare taps: unstored repeats
     acc = [[f"a{t}_{u}" for u in range(width)] for t in range(MR)]
-    every = [a for row in acc for a in row]
+    every = [a for line in acc for a in line]
 
     def products(indent: str, keep: str | None) -> list[str]:
         def wrap(e):
@@ -318,7 +383,7 @@ def weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, k_strides, scale, assign)
             stores += [f"if {' and '.join(cond)}:", "    " + store] if cond else [store]
     tail = Wo % L
     lines = [
-        f"X_AT = {tuple(r * Wi + s for r, s in padded)!r}",
+        f"X_AT = {tuple(r * row + columns[s] for r, s in padded)!r}",
         f"K_AT = {tuple(r * sr + s * ss for r, s in padded)!r}",
         f"REAL = {tuple(k < len(taps) for k in range(len(padded)))!r}",
         "",
@@ -336,14 +401,18 @@ def weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, k_strides, scale, assign)
         *(f"                {a} = simd.zero(y)" for a in every),
         f"                for i in range({Ho}):",
         f"                    yb = n * {O * Ho * Wo} + ob * {Ho * Wo} + i * {Wo}",
-        f"                    xb = n * {C * Hi * Wi} + c * {Hi * Wi} + i * {Wi}",
+        f"                    xb = n * {C * Hi * row} + c * {Hi * row} + i * {SH * row}",
         f"                    for j in range(0, {Wo - L + 1}, {L}):",
         *products("                        ", None),
     ]
     if tail:  # the row's last vector overlaps the one before: zero the lanes it already summed
         lines += [f"                    j = {Wo - L}", *products("                    ", str(L - tail))]
     lines += ["                " + line for line in stores]
-    lines += ["", "", "def run(y, x, k):", f"    parallel_for(blocks, 0, {-(-O // MR) * C}, y, x, k)"]
+    main = f"parallel_for(blocks, 0, {-(-O // MR) * C}, y, x, k)"
+    if SW > 1:
+        lines += ["", ""] + _phases_source(N * C * Hi, Wi, SW, "run(y, x_rows, x, k)", "x_rows", "x", main)
+    else:
+        lines += ["", "", "def run(y, x, k):", "    " + main]
     return _module(lines)
 
 

@@ -45,21 +45,33 @@ def two_convs(x, w, v):
     return hd.compute(a.shape, lambda n, k, i, j: a[n, k, i, j] * b[n, k, i, j] + b[n, k, i, j])
 
 
-def windows(x, R, S):
-    return np.lib.stride_tricks.sliding_window_view(x, (R, S), axis=(2, 3))  # n c i j r s
+@hd.func
+def conv_strided(x, w, sh, sw):
+    N, C, H, W = x.shape
+    K, _, R, S = w.shape
+    c, r, s = hd.rdom(C, R, S)
+    return hd.compute((N, K, (H - R) // sh + 1, (W - S) // sw + 1),
+                      lambda n, k, i, j: hd.sum(x[n, c, sh * i + r, sw * j + s] * w[k, c, r, s]))
 
 
-def reference(x, w, g):
-    """y, dx, dw of the valid correlation of x with w (O, C, R, S), and cotangent g, in float64."""
+def windows(x, R, S, stride=(1, 1)):
+    """x's windows, (n, c, i, j, r, s)."""
+    return np.lib.stride_tricks.sliding_window_view(x, (R, S), axis=(2, 3))[:, :, ::stride[0], ::stride[1]]
+
+
+def reference(x, w, g, stride=(1, 1)):
+    """y, dx, dw of the valid correlation of x with w (O, C, R, S) at `stride`, and cotangent g,
+    in float64."""
     x, w, g = (a.astype(np.float64) for a in (x, w, g))
     R, S = w.shape[2:]
-    y = np.einsum("ncijrs,kcrs->nkij", windows(x, R, S), w)
-    dw = np.einsum("nkij,ncijrs->kcrs", g, windows(x, R, S))
+    (sh, sw), (Ho, Wo) = stride, g.shape[2:]
+    y = np.einsum("ncijrs,kcrs->nkij", windows(x, R, S, stride), w)
+    dw = np.einsum("nkij,ncijrs->kcrs", g, windows(x, R, S, stride))
     dx = np.zeros_like(x)
-    Ho, Wo = g.shape[2:]
     for r in range(R):
         for s in range(S):
-            dx[:, :, r:r + Ho, s:s + Wo] += np.einsum("nkij,kc->ncij", g, w[:, :, r, s])
+            rows, cols = slice(r, r + sh * (Ho - 1) + 1, sh), slice(s, s + sw * (Wo - 1) + 1, sw)
+            dx[:, :, rows, cols] += np.einsum("nkij,kc->ncij", g, w[:, :, r, s])
     return y, dx, dw
 
 
@@ -90,6 +102,25 @@ def test_forward_and_gradients_match_einsum(xs, ws, direct, dtype):
     assert y.dtype == dx.dtype == dw.dtype == dtype
     for got, want in ((y, ry), (dx, rdx), (dw, rdw)):
         np.testing.assert_allclose(got, want, **tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xs, stride", [((2, 16, 11, 41), (2, 2)), ((1, 16, 6, 40), (1, 3))])
+def test_strided_forward_and_weight_gradient(xs, stride, dtype):
+    """A strided sum reads x's columns split by phase (41 columns: phases of 21 and 20); the
+    input gradient of a strided convolution stays with BLAS's tap products."""
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal(xs).astype(dtype), rng.standard_normal((17, 16, 3, 3)).astype(dtype)
+    report = hd.explain(conv_strided, x, w, *stride)
+    assert "by a direct convolution kernel" in report.forward_source, report.forward_source
+    direct = [c.buffer for c in report.contributions if DIRECT in c.formula]
+    assert direct == ["w"], str(report)
+    y, vjp = hd.vjp(conv_strided, x, w, *stride)
+    g = rng.standard_normal(y.shape).astype(dtype)
+    for got, want in zip((y, *vjp(g)), reference(x, w, g, stride)):
+        np.testing.assert_allclose(got, want, **tolerance(dtype))
+    if dtype == np.float64:
+        hd.check_grad(conv_strided, x[:1, :, :5], w, *stride)
 
 
 def test_gradients_match_finite_differences():
