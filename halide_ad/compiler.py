@@ -152,7 +152,7 @@ def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
             c = contraction(adjoint_name(s.buffer), s.index, s.value, s.domain, s.where, shapes,
                             one_operand=True)
             if c is not None and isinstance(inverse, Gather):  # BLAS computes the same gather
-                split = _tap_product(s, c, adj, new_vars, shapes)
+                split = None if c.direct is not None else _tap_product(s, c, adj, new_vars, shapes)
                 if split is None:
                     contributions.append(replace(c, inverse=inverse))
                 else:  # its products are filled before the kernel that reads them

@@ -73,32 +73,45 @@ class DirectConvolution:
         out = arrays[self.out]
         target = out if out.flags.c_contiguous else np.empty(out.shape, dtype)
         kernel = self._kernel(assign or target is not out)
-        y, x = (np.ascontiguousarray(arrays[n], dtype).reshape(-1) for n in (self.y, self.x))
-        if self.SW > 1:  # and a buffer for x split by column phase (`_phases_source`)
-            x = (x, pool.empty((self.N * self.C * self.Hi * _phase_layout(self.Wi, self.SW, 1)[0],), dtype))
-        else:
-            x = (x,)
+        y = np.ascontiguousarray(arrays[self.y], dtype).reshape(-1)
         o, c, r, s = self.k_axes
         k = arrays[self.k]
-        if self.role == "weight":
-            kernel(y, *x, target.reshape(-1))
-        elif self.role == "forward":
-            kernel(*x, _blocks(k.transpose(c, r, s, o), self.scale, dtype), target.reshape(-1))
-        else:  # adj_x[n, c, i, j] = sum over o, r, s of adj_y_padded[n, o, i + r, j + s] *
-            # k[o, c, KH - 1 - r, KW - 1 - s], adj_y with KH - 1 rows and KW - 1 columns of zeros around
+        if self.role == "input":
+            # adj_x[n, c, i, j] = sum over o, r, s of adj_y_padded[n, o, i + r, j + s] * k[o, c, KH - 1 - r,
+            # KW - 1 - s], adj_y with KH - 1 rows and KW - 1 columns of zeros around; at a stride, per
+            # column phase (`strided_input_source`)
             Hp, Wp = self.padded
             padded = pool.empty((self.N * self.O * Hp * Wp,), dtype)
-            flipped = k.transpose(o, r, s, c)[:, ::-1, ::-1, :]
-            kernel(y, padded, _blocks(flipped, self.scale, dtype), target.reshape(-1))
+            if (self.SH, self.SW) == (1, 1):
+                flipped = k.transpose(o, r, s, c)[:, ::-1, ::-1, :]
+                kernel(y, padded, _blocks(flipped, self.scale, dtype), target.reshape(-1))
+            else:
+                blocks = _blocks(k.transpose(o, r, s, c), self.scale, dtype)
+                kernel(y, padded, blocks, self._split_rows(dtype), target.reshape(-1))
+        else:
+            x = (np.ascontiguousarray(arrays[self.x], dtype).reshape(-1),)
+            if self.SW > 1:  # and a buffer for x split by column phase (`_phases_source`)
+                x += (self._split_rows(dtype),)
+            if self.role == "weight":
+                kernel(y, *x, target.reshape(-1))
+            else:
+                kernel(*x, _blocks(k.transpose(c, r, s, o), self.scale, dtype), target.reshape(-1))
         if target is not out:
             if assign:
                 out[...] = target
             else:
                 out += target
 
+    def _split_rows(self, dtype) -> np.ndarray:
+        """A buffer for x with its rows split by column phase (`_phase_layout`), flat."""
+        return pool.empty((self.N * self.C * self.Hi * _phase_layout(self.Wi, self.SW, 1)[0],), dtype)
+
     @property
     def padded(self) -> tuple[int, int]:
-        """The height and width of the input gradient's padded cotangent."""
+        """The height and width of the input gradient's padded cotangent (at a stride, padded in
+        its columns only, `strided_input_source`)."""
+        if (self.SH, self.SW) != (1, 1):
+            return self.Ho, _phase_layout(self.Wi, self.SW, 1)[0] // self.SW + (self.KW - 1) // self.SW
         return self.Ho + 2 * self.KH - 2, self.Wo + 2 * self.KW - 2
 
     def _kernel(self, assign: bool):
@@ -113,9 +126,11 @@ class DirectConvolution:
                                                 self.Hi, self.Wi, stride)
             elif self.role == "forward":
                 source = correlation_source(N, C, self.Hi, self.Wi, KH, KW, O, L, assign, stride=stride)
-            else:
+            elif stride == (1, 1):
                 pad = (KH - 1, KW - 1)
                 source = correlation_source(N, O, *self.padded, KH, KW, C, L, assign, padding=pad)
+            else:
+                source = strided_input_source(N, O, C, Ho, Wo, KH, KW, self.Hi, self.Wi, stride, L, assign)
             kernels[assign] = compile_kernel(source, "run", f"direct convolution, {self.role} ({self.dtype})")
         return kernels[assign]
 
@@ -187,11 +202,11 @@ def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, s
     expected = {y: (N, O, Ho, Wo), x: (N, C, Hi, Wi), k: k_shape}
     if any(tuple(shapes[name]) != shape for name, shape in expected.items()):
         return None
-    if Hi < SH * (Ho - 1) + KH or Wi < SW * (Wo - 1) + KW or role == "input" and (
-            (SH, SW) != (1, 1) or (Hi, Wi) != (Ho + KH - 1, Wo + KW - 1)):
+    if Hi < SH * (Ho - 1) + KH or Wi < SW * (Wo - 1) + KW or role == "input" and (SH, SW) == (1, 1) and (
+            (Hi, Wi) != (Ho + KH - 1, Wo + KW - 1)):
         return None
     L = lanes(np.dtype(dtype).itemsize)
-    if Wo < L or N * O * C * Ho * Wo * KH * KW < max(MIN_WORK, 1):  # (each row of y holds a vector)
+    if min(Wo, -(-Wi // SW)) < L or N * O * C * Ho * Wo * KH * KW < max(MIN_WORK, 1):  # (rows hold a vector)
         return None
     return DirectConvolution(role, role_names[0], y, x, k, k_axes, N, O, C, Ho, Wo, KH, KW, Hi, Wi, SH, SW,
                              scale, dtype)
@@ -284,6 +299,88 @@ def _phase_layout(Wi: int, SW: int, KW: int) -> tuple[int, tuple[int, ...]]:
     """The length of a row of x split by column phase, and where tap s's columns start in it."""
     Wq = -(-Wi // SW)
     return SW * Wq, tuple(s % SW * Wq + s // SW for s in range(KW))
+
+
+def strided_input_source(N, O, C, Ho, Wo, KH, KW, Hi, Wi, stride, L, assign) -> str:
+    """`run(y, padded, k, split, x)`: x[n, c, SH * i + r, SW * j + s] (+)= sum over o of y[n, o, i, j]
+    * k[o, r, s, c] (k in blocks of channels, `_blocks`, and scaled), all flat. Each column phase p
+    of x's rows is a correlation of y's rows, zero-padded in their columns, with the taps s = p +
+    SW * m: `rows` writes x's rows split by phase into `split` (no row is written twice), then
+    `unsplit` interleaves them into x, adding where x holds a contribution already. A row Y of x
+    sums over the rows r with Y - r a multiple of SH in range; a row no tap reaches gets zeros."""
+    SH, SW = stride
+    row, _ = _phase_layout(Wi, SW, 1)
+    Wq = row // SW
+    P = (KW - 1) // SW  # zero columns before each padded row of y: the most taps a phase has, less 1
+    Wg = Wq + P
+    MR = min(CHANNELS, C)
+    NR = max(v for v in range(1, VECTORS + 1) if v * L <= Wq)
+    block = NR * L
+    acc = [[f"a{t}_{u}" for u in range(NR)] for t in range(MR)]
+    every = [a for line in acc for a in line]
+    body = [f"for b in range({-(-C // MR)}):",
+            f"    ob = min(b * {MR}, {C - MR})"]
+    for p in range(SW):
+        taps = [s for s in range(p, KW, SW)]
+        inner = [f"for xbi in range(0, {Wq}, {block}):",
+                 f"    xb = min(xbi, {Wq - block})",
+                 *(f"    {a} = simd.zero(split)" for a in every)]
+        if taps:
+            inner += [f"    for o in range({O}):",
+                      f"        for r in range({KH}):",
+                      "            d = Y - r",
+                      f"            if d >= 0 and d % {SH} == 0 and d < {SH * Ho}:",
+                      f"                base = ((n * {O} + o) * {Ho} + d // {SH}) * {Wg} + xb + {P}",
+                      f"                kb = (b * {O} + o) * {KH * KW * MR} + r * {KW * MR}"]
+            for s in taps:
+                step = [f"v{u} = simd.load(padded, base + {u * L - s // SW})" for u in range(NR)]
+                for t in range(MR):
+                    step.append(f"w = simd.splat(k, kb + {s * MR + t})")
+                    step += [f"{acc[t][u]} = simd.fma(w, v{u}, {acc[t][u]})" for u in range(NR)]
+                inner += ["                " + line for line in step]
+        inner.append(f"    at = ((n * {C} + ob) * {Hi} + Y) * {row} + {p * Wq} + xb")
+        inner += [f"    simd.store(split, at + {t * Hi * row + u * L}, {acc[t][u]})"
+                  for t in range(MR) for u in range(NR)]
+        body += ["    " + line for line in inner]
+    write = "=" if assign else "+="
+    unsplit = [f"for q in range({Wi // SW}):"]
+    unsplit += [f"    x[to + {SW} * q + {p}] {write} split[at + {p * Wq} + q]" for p in range(SW)]
+    unsplit += [f"x[to + {j}] {write} split[at + {j % SW * Wq + j // SW}]" for j in range(Wi // SW * SW, Wi)]
+    return _module([
+        "@kernel",
+        "def pad(lo, hi, y, padded):",
+        "    for line in range(lo, hi):",
+        f"        at = line * {Wo}",
+        f"        to = line * {Wg}",
+        f"        for j in range({P}):",
+        "            padded[to + j] = 0",
+        f"        for j in range({Wo}):",
+        f"            padded[to + {P} + j] = y[at + j]",
+        f"        for j in range({P + Wo}, {Wg}):",
+        "            padded[to + j] = 0",
+        "",
+        "",
+        "@kernel",
+        "def rows(lo, hi, padded, k, split):",
+        "    for item in range(lo, hi):",
+        f"        n = item // {Hi}",
+        f"        Y = item - n * {Hi}",
+        *("        " + line for line in body),
+        "",
+        "",
+        "@kernel",
+        "def interleave(lo, hi, split, x):",
+        "    for line in range(lo, hi):",
+        f"        at = line * {row}",
+        f"        to = line * {Wi}",
+        *("        " + line for line in unsplit),
+        "",
+        "",
+        "def run(y, padded, k, split, x):",
+        f"    parallel_for(pad, 0, {N * O * Ho}, y, padded)",
+        f"    parallel_for(rows, 0, {N * Hi}, padded, k, split)",
+        f"    parallel_for(interleave, 0, {N * C * Hi}, split, x)",
+    ])
 
 
 def _phases_source(lines: int, Wi: int, SW: int, signature: str, rows: str, split: str,
