@@ -14,8 +14,8 @@ calls on views, batched over the image index, so that neither the operands nor t
 copied again. All of that depends on the shapes and dtypes alone: a contraction works it out
 once, on stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and
 products, and each call runs the plan (the Python that derives it cost ~1 ms of a convolution's
-gradient). A big 2-D convolution's forward and weight gradient, and its input gradient at stride
-1, run direct SIMD kernels instead (`Contraction.direct`, `runtime/direct_conv.py`).
+gradient). A big 2-D convolution, its forward and both gradients, runs direct SIMD kernels
+instead (`Contraction.direct`, `runtime/direct_conv.py`).
 """
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ outputs in vector registers for the whole reduction (`runtime/simd.py`), as oneD
 
 At a stride (`x[n, c, 2 * i + r, 2 * j + s]`) the forward and the weight gradient read a copy
 of x whose rows hold their columns grouped by phase (even columns, then odd ones), so that a tap's
-columns are contiguous again; the strided input gradient stays with BLAS's products per tap.
+columns are contiguous again; the input gradient writes its rows so, one correlation per phase,
+and interleaves them (`strided_input_source`).
 
 Blocks that would run past the last column (or channel) start earlier instead and overlap the
 block before, so no load leaves a row and no lane is masked; where the kernel adds to what the
@@ -46,7 +47,7 @@ TAPS = 3  # taps per block of the weight gradient
 class DirectConvolution:
     """One of the three sums of a 2-D convolution at strides (SH, SW): `role` names what `out`
     is, the forward's output y (N, O, Ho, Wo), its input x (N, C, Hi, Wi) or its kernel k, whose
-    axes `k_axes` hold (o, c, r, s). The input gradient has strides 1."""
+    axes `k_axes` hold (o, c, r, s)."""
     role: str  # "forward", "input" or "weight"
     out: str
     y: str
@@ -157,8 +158,7 @@ def _strides(k_axes, O, C, KH, KW) -> tuple[int, int, int, int]:
 def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, scale: float,
                 dtype: str) -> DirectConvolution | None:
     """The direct kernel for `out[...] += scale * a[...] * b[...]`, or None where that is not a
-    2-D convolution sum, `x[n, c, SH * i + r, SW * j + s]` (strides 1 for the input gradient), or
-    is too small to pay for a compile. `role_names` are the
+    2-D convolution sum, `x[n, c, SH * i + r, SW * j + s]`, or is too small to pay for a compile. `role_names` are the
     buffers of out, a and b; `forms` their index components' affine terms ({var: coefficient,
     None: constant}, or None). Kernels that run as plain Python (HALIDE_AD_JIT=0) keep BLAS's path:
     the vector intrinsics exist only compiled."""
