@@ -105,14 +105,14 @@ class DirectConvolution:
 
     def _split_rows(self, dtype) -> np.ndarray:
         """A buffer for x with its rows split by column phase (`_phase_layout`), flat."""
-        return pool.empty((self.N * self.C * self.Hi * _phase_layout(self.Wi, self.SW, 1)[0],), dtype)
+        return pool.empty((self.N * self.C * self.Hi * self.SW * _phase_width(self.Wi, self.SW),), dtype)
 
     @property
     def padded(self) -> tuple[int, int]:
         """The height and width of the input gradient's padded cotangent (at a stride, padded in
         its columns only, `strided_input_source`)."""
         if (self.SH, self.SW) != (1, 1):
-            return self.Ho, _phase_layout(self.Wi, self.SW, 1)[0] // self.SW + (self.KW - 1) // self.SW
+            return self.Ho, _phase_width(self.Wi, self.SW) + (self.KW - 1) // self.SW
         return self.Ho + 2 * self.KH - 2, self.Wo + 2 * self.KW - 2
 
     def _kernel(self, assign: bool):
@@ -158,10 +158,10 @@ def _strides(k_axes, O, C, KH, KW) -> tuple[int, int, int, int]:
 def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, scale: float,
                 dtype: str) -> DirectConvolution | None:
     """The direct kernel for `out[...] += scale * a[...] * b[...]`, or None where that is not a
-    2-D convolution sum, `x[n, c, SH * i + r, SW * j + s]`, or is too small to pay for a compile. `role_names` are the
-    buffers of out, a and b; `forms` their index components' affine terms ({var: coefficient,
-    None: constant}, or None). Kernels that run as plain Python (HALIDE_AD_JIT=0) keep BLAS's path:
-    the vector intrinsics exist only compiled."""
+    2-D convolution sum, `x[n, c, SH * i + r, SW * j + s]`, or is too small to pay for a compile.
+    `role_names` are the buffers of out, a and b; `forms` their index components' affine terms
+    ({var: coefficient, None: constant}, or None). Kernels that run as plain Python
+    (HALIDE_AD_JIT=0) keep BLAS's path: the vector intrinsics exist only compiled."""
     if not jit_enabled() or numba.config.DISABLE_JIT:
         return None
     if dtype not in ("float32", "float64") or len(set(role_names)) != 3 or any(len(f) != 4 for f in forms):
@@ -206,7 +206,9 @@ def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, s
             (Hi, Wi) != (Ho + KH - 1, Wo + KW - 1)):
         return None
     L = lanes(np.dtype(dtype).itemsize)
-    if min(Wo, -(-Wi // SW)) < L or N * O * C * Ho * Wo * KH * KW < max(MIN_WORK, 1):  # (rows hold a vector)
+    if min(Wo, _phase_width(Wi, SW)) < L:  # a row of y, and of each phase of x's, holds a vector
+        return None
+    if N * O * C * Ho * Wo * KH * KW < max(MIN_WORK, 1):
         return None
     return DirectConvolution(role, role_names[0], y, x, k, k_axes, N, O, C, Ho, Wo, KH, KW, Hi, Wi, SH, SW,
                              scale, dtype)
@@ -295,9 +297,15 @@ def correlation_source(N, Ci, Hi, Wi, KH, KW, Co, L, assign, padding=(0, 0), str
     ])
 
 
+def _phase_width(Wi: int, SW: int) -> int:
+    """The columns of each phase j % SW of a row of Wi columns split by phase (the last ones may
+    hold one zero more)."""
+    return -(-Wi // SW)
+
+
 def _phase_layout(Wi: int, SW: int, KW: int) -> tuple[int, tuple[int, ...]]:
     """The length of a row of x split by column phase, and where tap s's columns start in it."""
-    Wq = -(-Wi // SW)
+    Wq = _phase_width(Wi, SW)
     return SW * Wq, tuple(s % SW * Wq + s // SW for s in range(KW))
 
 
@@ -309,8 +317,8 @@ def strided_input_source(N, O, C, Ho, Wo, KH, KW, Hi, Wi, stride, L, assign) -> 
     `unsplit` interleaves them into x, adding where x holds a contribution already. A row Y of x
     sums over the rows r with Y - r a multiple of SH in range; a row no tap reaches gets zeros."""
     SH, SW = stride
-    row, _ = _phase_layout(Wi, SW, 1)
-    Wq = row // SW
+    Wq = _phase_width(Wi, SW)
+    row = SW * Wq
     P = (KW - 1) // SW  # zero columns before each padded row of y: the most taps a phase has, less 1
     Wg = Wq + P
     MR = min(CHANNELS, C)
@@ -388,8 +396,8 @@ def _phases_source(lines: int, Wi: int, SW: int, signature: str, rows: str, spli
     """`phases`: each of x's `lines` rows into `split`'s, its columns grouped by phase j % SW (the
     columns a strided row of taps reads, contiguous; `_phase_layout`), then `run` does `then`.
     numpy's strided copies took 1.3 ms for conv2d stride 2's 4 MB input."""
-    row, _ = _phase_layout(Wi, SW, 1)
-    Wq = row // SW
+    Wq = _phase_width(Wi, SW)
+    row = SW * Wq
     body = [f"for q in range({Wi // SW}):"]
     body += [f"    out[to + {p * Wq} + q] = src[at + {SW} * q + {p}]" for p in range(SW)]
     body += [f"out[to + {j % SW * Wq + j // SW}] = src[at + {j}]" for j in range(Wi // SW * SW, Wi)]
