@@ -18,17 +18,21 @@ from benchmarks.timing import Measurement, Timings, measure, time_once
 
 
 def measure_halide_ad(
-    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int
+    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int, *,
+    backward: bool = True,
 ) -> Measurement:
+    """`fn`'s forward, and unless `backward` is False its backward, timed as the module says."""
     out, first_forward = time_once(lambda: fn(*inputs))
     forward = measure(lambda: fn(*inputs), repeat)
+    if not backward:
+        return Measurement(Timings(forward, None, {"forward": first_forward}), np.asarray(out), ())
 
     (_, vjp_fn), first_vjp = time_once(lambda: hd.vjp(fn, *inputs))
     grads, first_apply = time_once(lambda: vjp_fn(ct))
-    backward = measure(lambda: vjp_fn(ct), repeat)
+    backward_timing = measure(lambda: vjp_fn(ct), repeat)
     first_call_s = {"forward": first_forward, "backward": first_vjp + first_apply}
     return Measurement(
-        timings=Timings(forward, backward, first_call_s),
+        timings=Timings(forward, backward_timing, first_call_s),
         output=np.asarray(out),
         gradients=tuple(grads),
     )

@@ -62,29 +62,44 @@ def load_jax() -> ModuleType:
 
 
 def measure_torch(
-    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int, *, thp: bool
+    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int, *, thp: bool,
+    backward: bool = True,
 ) -> Measurement:
-    """Time `fn`'s forward and backward in torch; torch has no compile step to report."""
+    """Time `fn`'s forward, and unless `backward` is False its backward, in torch. Torch compiles
+    nothing, but its first calls are recorded too (`first_call_s`): in a fresh process they
+    include its one-off set-up, which a user's first call pays."""
     torch = load_torch(thp=thp)
     xs = [torch.from_numpy(a).requires_grad_(True) for a in inputs]
     with torch.no_grad():
+        out, first_forward = time_once(lambda: fn(*xs))
         forward = measure(lambda: fn(*xs), repeat)
-    y = fn(*xs)
+    variant = "THP" if thp else "default"
+    if not backward:
+        return Measurement(Timings(forward, None, {"forward": first_forward}, variant),
+                           out.numpy(), ())
     ct_t = torch.from_numpy(ct)
-    grads = torch.autograd.grad(y, xs, ct_t, retain_graph=True)
-    backward = measure(lambda: torch.autograd.grad(y, xs, ct_t, retain_graph=True), repeat)
+
+    def forward_and_gradients():
+        y = fn(*xs)
+        return y, torch.autograd.grad(y, xs, ct_t, retain_graph=True)
+
+    (y, grads), first_backward = time_once(forward_and_gradients)
+    backward_timing = measure(lambda: torch.autograd.grad(y, xs, ct_t, retain_graph=True), repeat)
+    first_call_s = {"forward": first_forward, "backward": first_backward}
     return Measurement(
-        timings=Timings(forward, backward, first_call_s={}, variant="THP" if thp else "default"),
+        timings=Timings(forward, backward_timing, first_call_s, variant),
         output=y.detach().numpy(),
         gradients=tuple(g.numpy() for g in grads),
     )
 
 
 def measure_jax(
-    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int
+    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int, *,
+    backward: bool = True,
 ) -> Measurement:
-    """Time `fn`'s forward and backward in jax; the first calls (tracing and XLA compilation) are
-    reported as `forward` and `backward` (the jitted vjp plus its application)."""
+    """Time `fn`'s forward, and unless `backward` is False its backward, in jax; the first calls
+    (tracing and XLA compilation) are reported as `forward` and `backward` (the jitted vjp plus
+    its application)."""
     jax = load_jax()
     xs = [jax.device_put(a) for a in inputs]
     ct_j = jax.device_put(ct)
@@ -92,15 +107,17 @@ def measure_jax(
     forward_fn = jax.jit(fn)
     out, first_forward = time_once(lambda: jax.block_until_ready(forward_fn(*xs)))
     forward = measure(lambda: jax.block_until_ready(forward_fn(*xs)), repeat)
+    if not backward:
+        return Measurement(Timings(forward, None, {"forward": first_forward}), np.asarray(out), ())
 
     vjp = jax.jit(lambda *args: jax.vjp(fn, *args))
     apply_vjp = jax.jit(lambda vjp_fn, c: vjp_fn(c))
     (_, vjp_fn), first_vjp = time_once(lambda: jax.block_until_ready(vjp(*xs)))
     grads, first_apply = time_once(lambda: jax.block_until_ready(apply_vjp(vjp_fn, ct_j)))
-    backward = measure(lambda: jax.block_until_ready(apply_vjp(vjp_fn, ct_j)), repeat)
+    backward_timing = measure(lambda: jax.block_until_ready(apply_vjp(vjp_fn, ct_j)), repeat)
     first_call_s = {"forward": first_forward, "backward": first_vjp + first_apply}
     return Measurement(
-        timings=Timings(forward, backward, first_call_s),
+        timings=Timings(forward, backward_timing, first_call_s),
         output=np.asarray(out),
         gradients=tuple(np.asarray(g) for g in grads),
     )

@@ -29,17 +29,23 @@ def time_once(fn: Callable[[], T]) -> tuple[T, float]:
     return result, time.perf_counter() - start
 
 
-def measure(fn: Callable[[], object], repeat: int, *, warmup: int = 3) -> Timing:
+def measure(fn: Callable[[], object], repeat: int, *, warmup: int = 3, inner: int = 1) -> Timing:
     """Median of `repeat` timed calls of `fn`, after `warmup` untimed ones (the same for every
     library: the first few calls that allocate big fresh arrays pay page faults until the
     kernel's transparent huge pages settle, for all of them alike).
+
+    With `inner` > 1, each sample is the mean of `inner` back-to-back calls (and the warm-up
+    `warmup` such batches): calls of a few microseconds are timed in batches, as the clock and
+    the timing loop would blur one call.
 
     The garbage collector is paused while timing so that a collection triggered by one sample
     (torch graphs, jax pytrees) does not land in another; results are dropped between calls.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
-    for _ in range(warmup):
+    if inner < 1:
+        raise ValueError(f"inner must be at least 1, got {inner}")
+    for _ in range(warmup * inner):
         fn()
     gc.collect()
     gc_was_enabled = gc.isenabled()
@@ -48,8 +54,9 @@ def measure(fn: Callable[[], object], repeat: int, *, warmup: int = 3) -> Timing
         samples = []
         for _ in range(repeat):
             start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e3)
+            for _ in range(inner):
+                fn()
+            samples.append((time.perf_counter() - start) * 1e3 / inner)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -59,25 +66,27 @@ def measure(fn: Callable[[], object], repeat: int, *, warmup: int = 3) -> Timing
 @dataclass(frozen=True, slots=True)
 class Timings:
     """One library's timings on one case. `first_call_s` holds the seconds of the first forward
-    and backward calls, where the library compiles on first call; `variant` names a setting the
-    timings depend on (torch's allocator)."""
+    and backward calls; `variant` names a setting the timings depend on (torch's allocator).
+    `backward` is None for a case measured forward only."""
 
     forward: Timing
-    backward: Timing
+    backward: Timing | None
     first_call_s: dict[str, float]
     variant: str = ""
 
     @staticmethod
     def from_dict(d: dict) -> Timings:
         """Inverse of `dataclasses.asdict`, for timings sent as JSON."""
-        forward, backward = (Timing(**{**d[k], "samples_ms": tuple(d[k]["samples_ms"])})
+        forward, backward = (None if d[k] is None else
+                             Timing(**{**d[k], "samples_ms": tuple(d[k]["samples_ms"])})
                              for k in ("forward", "backward"))
         return Timings(forward, backward, d["first_call_s"], d["variant"])
 
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """One library's run of one case: its timings and the values it computed, for checking."""
+    """One library's run of one case: its timings and the values it computed, for checking
+    (no gradients for a case measured forward only)."""
 
     timings: Timings
     output: np.ndarray
