@@ -1,8 +1,15 @@
 """python -m benchmarks: halide_ad's forward and backward passes side by side with PyTorch and JAX.
 
-Prints a markdown table, writes JSON (--json), and exits with status 1 when a library raised or
+Prints markdown tables, writes JSON (--json), and exits with status 1 when a library raised or
 halide_ad's values differ from a peer's. `--small` runs tiny shapes: a smoke test of the runner
 and of halide_ad's correctness on every case, not a measurement.
+
+`--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
+resampling and dense gradients) and `everyday` (elementwise math, softmax, layer norm, a small
+layer, dispatch, a training step, the first call on empty caches), e.g.
+
+    python -m benchmarks --cases everyday
+    python -m benchmarks --cases tanh,softmax,dispatch --repeat 3
 """
 from __future__ import annotations
 
@@ -18,9 +25,12 @@ from pathlib import Path
 
 from benchmarks import peers, warm_start
 from benchmarks.bounds import measure_machine
-from benchmarks.cases import CASES, select
-from benchmarks.report import PEER_TITLES, to_json, to_markdown
-from benchmarks.runner import PEERS, CaseResult, available_peers, run_case
+from benchmarks.calls import CallCase, run_call_case
+from benchmarks.cases import Case
+from benchmarks.everyday import FirstCall
+from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
+from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
+from benchmarks.selection import ALL, GROUPS, select
 from benchmarks.torch_thp import measure_in_subprocess
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
@@ -29,8 +39,9 @@ DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", help="comma-separated subset of: "
-                        + ", ".join(case.name for case in CASES) + " (default: all)")
+    parser.add_argument("--cases", help="comma-separated groups or cases: "
+                        + ", ".join(GROUPS) + "; " + ", ".join(case.name for case in ALL)
+                        + " (default: all)")
     parser.add_argument("--repeat", type=int, default=7, help="timed runs per median (default 7)")
     parser.add_argument("--small", action="store_true", help="tiny shapes, for a smoke run")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON,
@@ -65,7 +76,7 @@ def add_thp_timings(results: Sequence[CaseResult], *, repeat: int, small: bool) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cases = args.cases
+    cases = [c for c in args.cases if isinstance(c, Case)]
     load_at_start = os.getloadavg()[0]
     peer_names = available_peers()
     notes = [f"{PEER_TITLES[p]} is not installed: its columns are skipped."
@@ -75,23 +86,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HALIDE_AD_CACHE_DIR", tempfile.mkdtemp(prefix="halide_ad_bench_"))
     results = [run_case(case, small=args.small, repeat=args.repeat, peer_names=peer_names)
                for case in cases]
-    floor = {}
-    try:
-        warm = warm_start.measure_in_subprocess([r.name for r in results], small=args.small)
-        for result in results:
-            result.warm_start_s = warm[result.name]
-        largest = max(4 * math.prod(c.out_shape(*c.input_shapes(small=args.small))) for c in cases)
-        floor = warm_start.measure_floor(largest)
-        notes.append(
-            f"Measured in a fresh process of its own: numba's first call of a function from its own "
-            f"cache, {floor['numba_first_call']:.2f} s (numba's compiler set-up, which halide_ad's kernels "
-            f"skip when they load); the first write of a fresh {largest / 2**20:.0f} MiB array (the "
-            f"largest output), {floor['first_write']:.2f} s, which any process pays.")
-    except subprocess.CalledProcessError as error:
-        notes.append(f"The warm-cache first-call run failed ({error}).")
-    if "torch" in peer_names:
+    call_rows = {case.name: run_call_case(case, small=args.small, repeat=args.repeat,
+                                          peer_names=peer_names)
+                 for case in args.cases if isinstance(case, CallCase)}
+    floor = add_warm_start(results, call_rows, cases, small=args.small, notes=notes)
+    if cases and "torch" in peer_names:
         failure = add_thp_timings(results, repeat=args.repeat, small=args.small)
         notes += [failure] if failure else []
+    cold_rows = {case.name: warm_start.measure_cold(case, small=args.small, peer_names=peer_names)
+                 for case in args.cases if isinstance(case, FirstCall)}
+    other_rows: dict[str, Row] = {**call_rows, **cold_rows}
     torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None
     bounds = measure_machine(args.repeat, small=args.small, torch_module=torch_module)
     load = (load_at_start, os.getloadavg()[0])
@@ -100,19 +104,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.small:
         notes.append("--small: tiny shapes and small bound problems; the times mean nothing.")
 
+    kernels = {case.name for case in GROUPS["kernels"]}
+    by_name = {r.name: r for r in results}
+    kernel_results = [r for r in results if r.name in kernels]
+    everyday = [row for case in args.cases if case.name not in kernels
+                for row in (case_rows(by_name[case.name], bounds) if case.name in by_name
+                            else [other_rows[case.name]])]
+    descriptions = [_description(case, small=args.small) for case in args.cases
+                    if case.name not in kernels]
     threads = peers.thread_count()
-    markdown = to_markdown(results, bounds, repeat=args.repeat, threads=threads,
-                           peer_names=peer_names, notes=notes)
+    markdown = to_markdown(kernel_results, bounds, repeat=args.repeat, threads=threads,
+                           peer_names=peer_names, notes=notes, everyday=everyday,
+                           descriptions=descriptions)
     print(markdown)
-    settings = {"cases": [c.name for c in cases], "repeat": args.repeat, "small": args.small,
+    settings = {"cases": [c.name for c in args.cases], "repeat": args.repeat, "small": args.small,
                 "threads": threads, "peers": peer_names, "load_average_1min": load,
                 "warm_cache_floor_s": floor}
-    args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes),
-                                    indent=1) + "\n")
+    args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes,
+                                            everyday=everyday), indent=1) + "\n")
     if args.markdown:
         args.markdown.write_text(markdown)
     failed = any(r.errors or r.mismatch for r in results)
+    failed |= any(row.errors or row.mismatch for row in other_rows.values())
     return 1 if failed else 0
+
+
+def add_warm_start(results: Sequence[CaseResult], call_rows: dict[str, Row],
+                   cases: Sequence[Case], *, small: bool, notes: list[str]) -> dict[str, float]:
+    """halide_ad's first calls in a second process with this run's kernel cache, into `results`
+    and `call_rows`; returns the floor that no kernel of halide_ad's sets (see
+    `benchmarks.warm_start`), measured where `cases` are."""
+    names = [r.name for r in results] + list(call_rows)
+    if not names:
+        return {}
+    try:
+        warm = warm_start.measure_in_subprocess(names, small=small)
+        for result in results:
+            result.warm_start_s = warm[result.name]
+        for name, row in call_rows.items():
+            row.warm_cache_s = warm[name]
+        if not cases:
+            return {}
+        largest = max(4 * math.prod(c.out_shape(*c.input_shapes(small=small))) for c in cases)
+        floor = warm_start.measure_floor(largest)
+        notes.append(
+            f"Measured in a fresh process of its own: numba's first call of a function from its own "
+            f"cache, {floor['numba_first_call']:.2f} s (numba's compiler set-up, which halide_ad's kernels "
+            f"skip when they load); the first write of a fresh {largest / 2**20:.0f} MiB array (the "
+            f"largest output), {floor['first_write']:.2f} s, which any process pays.")
+        return floor
+    except subprocess.CalledProcessError as error:
+        notes.append(f"The warm-cache first-call run failed ({error}).")
+        return {}
+
+
+def _description(case: Case | CallCase | FirstCall, *, small: bool) -> str:
+    if isinstance(case, Case):
+        shapes = ", ".join(map(str, case.input_shapes(small=small)))
+        return f"{case.name}: {case.description}; inputs {shapes}"
+    return f"{case.name}: {case.description}"
 
 
 if __name__ == "__main__":

@@ -64,6 +64,16 @@ def contraction(forward_flops: Callable[[Sequence[Shape], Shape], int]) -> CostM
     return cost
 
 
+def forward_cost(input_shapes: Sequence[Shape], out_shape: Shape, backward_cost: Cost) -> Cost:
+    """The forward pass's counterpart of a case's backward `Cost`: read the inputs and write the
+    output where the backward is memory-bound; one contraction (half the backward's two) for a
+    contraction."""
+    if backward_cost.kind == "compute":
+        return Cost("compute", backward_cost.amount / 2)
+    elements = math.prod(out_shape) + sum(math.prod(shape) for shape in input_shapes)
+    return Cost("memory", elements * FLOAT32_BYTES)
+
+
 @dataclass(frozen=True, slots=True)
 class Rate:
     """The best of several ways to do one thing, in units per second, and which way won."""

@@ -245,7 +245,8 @@ def jax_blur_relu_maxpool(x):
 
 @dataclass(frozen=True, slots=True)
 class Case:
-    """One benchmark: a program in three libraries, its input shapes and its cost model."""
+    """One benchmark: a program in three libraries, its input shapes and its cost model (of the
+    backward pass; `backward=False` measures the forward pass only)."""
 
     name: str
     description: str
@@ -256,6 +257,7 @@ class Case:
     torch: Callable[..., Any]
     jax: Callable[..., Any]
     cost: CostModel
+    backward: bool = True
 
     def input_shapes(self, *, small: bool) -> tuple[Shape, ...]:
         return self.small_shapes if small else self.shapes
@@ -389,17 +391,3 @@ CASES: tuple[Case, ...] = (
         cost=memory_bound(needed=(0,)),
     ),
 )
-
-CASES_BY_NAME: dict[str, Case] = {case.name: case for case in CASES}
-
-
-def select(names: Sequence[str] | None) -> list[Case]:
-    """The cases with the given names, in the given order; all cases for None."""
-    if names is None:
-        return list(CASES)
-    unknown = [n for n in names if n not in CASES_BY_NAME]
-    if unknown:
-        raise ValueError(
-            f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES_BY_NAME)}"
-        )
-    return [CASES_BY_NAME[n] for n in names]

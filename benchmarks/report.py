@@ -5,6 +5,10 @@ Ratios (computed once, in `ratios`, for both):
 * `over_bound` = halide_ad's backward / the case's lower bound (at least 1);
 * `backward_over_forward` = halide_ad's backward / its forward.
 
+The everyday cases get a table of their own, one row per pass (`Row`): forward, backward, a whole
+call, a training step, a first call on empty caches; each with `best peer / halide_ad` and, where
+the case has one, halide_ad / its lower bound.
+
 A halide_ad time whose output or gradients did not match the reference peer is withheld from the
 table (marked ✗), and its ratios with it: the table never shows a wrong kernel's speed. The JSON
 keeps every number, with `mismatch` saying not to trust it. Without a peer to check against, times
@@ -20,7 +24,7 @@ from importlib import metadata
 from typing import Literal
 
 from benchmarks.bounds import MachineBounds, Rate
-from benchmarks.runner import PEERS, CaseResult
+from benchmarks.runner import PEERS, CaseResult, Row
 
 PEER_TITLES = {"torch": "PyTorch", "jax": "JAX"}
 TITLES = {"halide_ad": "halide_ad", **PEER_TITLES}
@@ -43,10 +47,11 @@ METHODS = {
 
 def ratios(result: CaseResult, bounds: MachineBounds) -> dict[str, float | None]:
     ours = result.timings.get("halide_ad")
-    if ours is None:
+    if ours is None or ours.backward is None:  # failed, or a case measured forward only
         return {"peer_speedup": None, "over_bound": None, "backward_over_forward": None}
     backward = ours.backward.median_ms
-    peer_backwards = [result.timings[p].backward.median_ms for p in PEERS if p in result.timings]
+    peer_backwards = [result.timings[p].backward.median_ms for p in PEERS
+                      if p in result.timings and result.timings[p].backward is not None]
     return {
         "peer_speedup": min(peer_backwards) / backward if peer_backwards else None,
         "over_bound": backward / bounds.lower_bound_ms(result.cost),
@@ -78,7 +83,7 @@ def _cpu_model() -> str:
 
 
 def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: dict,
-            notes: Sequence[str]) -> dict:
+            notes: Sequence[str], everyday: Sequence[Row] = ()) -> dict:
     return {
         "settings": settings,
         "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "versions": _versions()},
@@ -102,6 +107,7 @@ def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: d
             }
             for r in results
         ],
+        "everyday": [row_to_json(row) for row in everyday],
         "notes": list(notes),
     }
 
@@ -181,35 +187,59 @@ def _forward_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> 
 
 
 def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat: int,
-                threads: int, peer_names: Sequence[str], notes: Sequence[str]) -> str:
-    lines = [
-        f"Backward pass, ms: medians of {repeat} runs after 3 warm-up calls, float32, "
-        f"{threads} threads.",
-        "",
-        *_backward_table(results, bounds, peer_names),
-        "",
-        "Forward pass, ms (same medians), and first calls, s (trace and compile included):",
-        "",
-        *_forward_table(results, peer_names),
-        "",
+                threads: int, peer_names: Sequence[str], notes: Sequence[str],
+                everyday: Sequence[Row] = (), descriptions: Sequence[str] = ()) -> str:
+    """The kernel cases' tables (`results`), then the everyday table (`everyday`), then each
+    case's description (`descriptions`: one line per everyday case) and the notes."""
+    lines = []
+    if results:
+        lines += [
+            f"Backward pass, ms: medians of {repeat} runs after 3 warm-up calls, float32, "
+            f"{threads} threads.",
+            "",
+            *_backward_table(results, bounds, peer_names),
+            "",
+            "Forward pass, ms (same medians), and first calls, s (trace and compile included):",
+            "",
+            *_forward_table(results, peer_names),
+            "",
+        ]
+    if everyday:
+        lines += [
+            f"Everyday programs: medians of {repeat} runs after warm-up, float32, {threads} "
+            "threads; best peer / halide_ad above 1 means halide_ad is faster.",
+            "",
+            *everyday_table(everyday, peer_names),
+            "",
+        ]
+    lines += [
         "Cases:",
         *(f"* {r.name}: {r.description}; inputs {', '.join(map(str, r.input_shapes))}"
           for r in results),
+        *(f"* {line}" for line in descriptions),
         "",
         "Notes:",
         "* Lower bounds, measured in this run: copy bandwidth "
         f"{_rate(bounds.copy_bandwidth, 'GB/s')}, SGEMM {_rate(bounds.sgemm, 'GFLOP/s')}. "
         "Memory-bound cases: read the cotangent and the inputs the gradient needs, write the "
-        "gradients; conv2d and dense: FLOPs / SGEMM rate.",
-        "* best peer / halide_ad above 1 means halide_ad's backward is faster; ✗ marks a halide_ad "
+        "gradients (a forward pass: read the inputs, write the output); conv2d, dense and the "
+        "layer: FLOPs / SGEMM rate.",
+        "* best peer / halide_ad above 1 means halide_ad is faster; ✗ marks a halide_ad "
         "result that differs from the reference peer's, whose time is withheld.",
         *(f"* {METHODS[library]}" for library in ("halide_ad", *peer_names)),
+        *(f"* {method}" for method in (EVERYDAY_METHODS if everyday else ())),
         *(f"* {note}" for note in notes),
     ]
     for r in results:
         lines += [f"* {r.name}: {library} raised {error}" for library, error in r.errors.items()]
         lines += [f"* {r.name}: mismatch in halide_ad's {what} vs {r.reference}: {check.detail}"
                   for what, check in r.checks.items() if not check.ok]
+    for row in everyday:
+        lines += [f"* {row.case} {row.phase}: {library} raised {error}"
+                  for library, error in row.errors.items()]
+        if row.mismatch:
+            lines.append(f"* {row.case} {row.phase}: mismatch in halide_ad's values vs "
+                         f"{row.reference}: {row.check.detail}")
     return "\n".join(lines) + "\n"
 
 
@@ -218,3 +248,96 @@ def _rate(rate: Rate, unit: str) -> str:
     others = "".join(f"; {name} {value / 1e9:.1f}" for name, value in rate.by_method.items()
                      if name != rate.method)
     return f"{rate.value / 1e9:.1f} {unit} ({rate.method}{others})"
+
+
+# --- the everyday cases ---------------------------------------------------------------------------
+
+EVERYDAY_METHODS = (
+    "Everyday table: forward and backward are timed as in the kernel tables, PyTorch at the faster "
+    "of its two allocators for each pass (THP marks the huge-page one). call, value_and_grad and "
+    "training step rows time a whole call as a user makes it, with the inputs ready in each "
+    "library's arrays (benchmarks/calls.py; PyTorch eager, default allocator). The empty-caches row "
+    "is one fresh process per library, imports not counted.",
+    "halide_ad first call: this run's first call of the pass (tracing and compiling included, "
+    "into this run's kernel cache); warm cache: a second process's first call with that cache.",
+)
+
+
+def case_rows(result: CaseResult, bounds: MachineBounds) -> list[Row]:
+    """A `Case`'s forward and, where measured, backward as everyday rows."""
+    rows = []
+    for phase in PHASES if result.backward else ("forward",):
+        row = Row(result.name, phase, reference=result.reference,
+                  check=result.checks.get("output" if phase == "forward" else "gradients"),
+                  errors=dict(result.errors))
+        cost = result.forward_cost if phase == "forward" else result.cost
+        row.bound_s = bounds.lower_bound_ms(cost) * 1e-3
+        for library, timings in result.timings.items():
+            if library == "torch":  # the faster allocator for this pass
+                timings = min(result.torch_variants.values(),
+                              key=lambda t: getattr(t, phase).median_ms)
+                if timings.variant == "THP":
+                    row.variants[library] = "THP"
+            row.times_s[library] = getattr(timings, phase).median_ms * 1e-3
+        ours = result.timings.get("halide_ad")
+        row.first_call_s = ours.first_call_s.get(phase) if ours else None
+        row.warm_cache_s = result.warm_start_s.get(phase)
+        rows.append(row)
+    return rows
+
+
+def row_ratios(row: Row) -> dict[str, float | None]:
+    """`peer_speedup` = the best peer's median / halide_ad's; `over_bound` = halide_ad's median /
+    the lower bound."""
+    ours = row.times_s.get("halide_ad")
+    peer_times = [row.times_s[p] for p in PEERS if p in row.times_s]
+    return {
+        "peer_speedup": min(peer_times) / ours if ours and peer_times else None,
+        "over_bound": ours / row.bound_s if ours and row.bound_s else None,
+    }
+
+
+def row_to_json(row: Row) -> dict:
+    return {**asdict(row), "mismatch": row.mismatch, "ratios": row_ratios(row)}
+
+
+def _duration(seconds: float | None) -> str:
+    """A time with the unit that suits it: 12.3 µs, 4.56 ms, 7.89 s."""
+    if seconds is None:
+        return "–"
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} µs"
+
+
+def _row_time(row: Row, library: str) -> str:
+    if library not in row.times_s:
+        return "error" if library in row.errors else "–"
+    if library == "halide_ad" and row.mismatch:
+        return "✗"
+    cell = _duration(row.times_s[library])
+    return f"{cell} ({row.variants[library]})" if library in row.variants else cell
+
+
+def _row_check(row: Row) -> str:
+    if "halide_ad" in row.errors:
+        return "error"
+    if row.check is None:
+        return "unchecked (no peer)"
+    return f"ok vs {row.reference}" if row.check.ok else f"✗ vs {row.reference}"
+
+
+def everyday_table(rows: Sequence[Row], peer_names: Sequence[str]) -> list[str]:
+    header = ["case", "pass", "lower bound", "halide_ad", *(PEER_TITLES[p] for p in peer_names),
+              "best peer / halide_ad", "halide_ad / bound", "halide_ad first call",
+              "halide_ad first call, warm cache", "check"]
+    table = []
+    for row in rows:
+        ratio = {} if row.mismatch else row_ratios(row)
+        table.append([
+            row.case, row.phase, _duration(row.bound_s),
+            *(_row_time(row, library) for library in ("halide_ad", *peer_names)),
+            _ratio(ratio.get("peer_speedup")), _ratio(ratio.get("over_bound")),
+            _duration(row.first_call_s), _duration(row.warm_cache_s), _row_check(row),
+        ])
+    return _table(header, table)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from benchmarks import peers
-from benchmarks.bounds import Cost, Shape
+from benchmarks.bounds import Cost, Shape, forward_cost
 from benchmarks.cases import Case
 from benchmarks.checks import Check, compare_arrays
 from benchmarks.ours import measure_halide_ad
@@ -29,7 +29,9 @@ class CaseResult:
     name: str
     description: str
     input_shapes: tuple[Shape, ...]
-    cost: Cost
+    cost: Cost  # the backward pass's
+    forward_cost: Cost
+    backward: bool  # whether the backward pass was measured
     timings: dict[str, Timings] = field(default_factory=dict)  # library -> its best timings
     torch_variants: dict[str, Timings] = field(default_factory=dict)  # allocator -> timings
     checks: dict[str, Check] = field(default_factory=dict)  # "output", "gradients"
@@ -38,9 +40,11 @@ class CaseResult:
     warm_start_s: dict[str, float] = field(default_factory=dict)  # halide_ad's first calls, warm cache
 
     def add_torch_variant(self, timings: Timings) -> None:
-        """Record one allocator setting's timings; torch's entry becomes the faster backward."""
+        """Record one allocator setting's timings; torch's entry becomes the faster backward (the
+        faster forward, for a case measured forward only)."""
         self.torch_variants[timings.variant] = timings
-        fastest = min(self.torch_variants.values(), key=lambda t: t.backward.median_ms)
+        fastest = min(self.torch_variants.values(),
+                      key=lambda t: (t.backward or t.forward).median_ms)
         self.timings["torch"] = fastest
 
     @property
@@ -48,6 +52,34 @@ class CaseResult:
         """halide_ad's output or gradients differ from the reference peer's (False when no peer
         ran to check them)."""
         return any(not check.ok for check in self.checks.values())
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of the everyday table: one pass of one case, each library's median in seconds,
+    and halide_ad's values checked against the `reference` peer's."""
+
+    case: str
+    phase: str  # "forward", "backward", "call", "value_and_grad", ...
+    times_s: dict[str, float] = field(default_factory=dict)  # library -> median
+    variants: dict[str, str] = field(default_factory=dict)  # library -> setting ("THP")
+    reference: str | None = None
+    check: Check | None = None
+    errors: dict[str, str] = field(default_factory=dict)  # library -> exception
+    bound_s: float | None = None  # the machine's lower bound, where the case has one
+    first_call_s: float | None = None  # halide_ad's first call in this run, compile included
+    warm_cache_s: float | None = None  # its first call in a second process, warm kernel cache
+    parts_s: dict[str, dict[str, float]] = field(default_factory=dict)  # library -> its parts
+
+    @property
+    def mismatch(self) -> bool:
+        return self.check is not None and not self.check.ok
+
+    def record_error(self, library: str, error: Exception) -> None:
+        """Keep `error` for the report and print its traceback to stderr; the run goes on."""
+        print(f"[{self.case}] {library} failed:", file=sys.stderr)
+        traceback.print_exception(error)
+        self.errors[library] = f"{type(error).__name__}: {error}"
 
 
 def available_peers() -> list[str]:
@@ -71,15 +103,18 @@ def run_case(case: Case, *, small: bool, repeat: int, peer_names: Sequence[str])
     """Measure `case` in halide_ad and each of `peer_names`, and check halide_ad's values against
     the first peer that ran."""
     shapes = case.input_shapes(small=small)
-    result = CaseResult(
-        case.name, case.description, shapes, case.cost(shapes, case.out_shape(*shapes))
-    )
+    out_shape = case.out_shape(*shapes)
+    cost = case.cost(shapes, out_shape)
+    result = CaseResult(case.name, case.description, shapes, cost,
+                        forward_cost(shapes, out_shape, cost), case.backward)
     inputs = case.make_inputs(small=small)
     ct = case.cotangent(small=small)
+    backward = case.backward
     runs: dict[str, Callable[[], Measurement]] = {
-        "halide_ad": lambda: measure_halide_ad(case.halide_ad, inputs, ct, repeat),
-        "torch": lambda: peers.measure_torch(case.torch, inputs, ct, repeat, thp=False),
-        "jax": lambda: peers.measure_jax(case.jax, inputs, ct, repeat),
+        "halide_ad": lambda: measure_halide_ad(case.halide_ad, inputs, ct, repeat, backward=backward),
+        "torch": lambda: peers.measure_torch(case.torch, inputs, ct, repeat, thp=False,
+                                             backward=backward),
+        "jax": lambda: peers.measure_jax(case.jax, inputs, ct, repeat, backward=backward),
     }
     measured: dict[str, Measurement] = {}
     for library in ("halide_ad", *peer_names):
@@ -91,13 +126,14 @@ def run_case(case: Case, *, small: bool, repeat: int, peer_names: Sequence[str])
             result.add_torch_variant(measurement.timings)
         else:
             result.timings[library] = measurement.timings
-        print(f"[{case.name}] {library}: backward {measurement.timings.backward.median_ms:.3g} ms",
-              file=sys.stderr)
-    _check(result, measured)
+        timings = measurement.timings
+        phase, timing = ("backward", timings.backward) if backward else ("forward", timings.forward)
+        print(f"[{case.name}] {library}: {phase} {timing.median_ms:.3g} ms", file=sys.stderr)
+    _check(result, measured, gradients=backward)
     return result
 
 
-def _check(result: CaseResult, measured: dict[str, Measurement]) -> None:
+def _check(result: CaseResult, measured: dict[str, Measurement], *, gradients: bool) -> None:
     ours = measured.get("halide_ad")
     reference = next((name for name in PEERS if name in measured), None)
     if ours is None or reference is None:
@@ -105,7 +141,8 @@ def _check(result: CaseResult, measured: dict[str, Measurement]) -> None:
     ref = measured[reference]
     result.reference = reference
     result.checks["output"] = compare_arrays([ours.output], [ref.output])
-    result.checks["gradients"] = compare_arrays(ours.gradients, ref.gradients)
+    if gradients:
+        result.checks["gradients"] = compare_arrays(ours.gradients, ref.gradients)
     for what, check in result.checks.items():
         if not check.ok:
             print(f"[{result.name}] mismatch in halide_ad's {what} vs {reference}: {check.detail}",

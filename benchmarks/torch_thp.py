@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks import peers
-from benchmarks.cases import select
+from benchmarks.selection import select_vjp_cases
 from benchmarks.timing import Timings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -53,18 +53,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     results: dict[str, dict | str] = {}
-    for case in select(args.cases.split(",")):
+    for case in select_vjp_cases(args.cases.split(",")):
         inputs = case.make_inputs(small=args.small)
         ct = case.cotangent(small=args.small)
         try:
-            timings = peers.measure_torch(case.torch, inputs, ct, args.repeat, thp=True).timings
+            timings = peers.measure_torch(case.torch, inputs, ct, args.repeat, thp=True,
+                                          backward=case.backward).timings
         except Exception as error:  # noqa: BLE001 - reported by the parent, per case
             traceback.print_exc()
             results[case.name] = f"{type(error).__name__}: {error}"
         else:
             results[case.name] = asdict(timings)
-            print(f"[{case.name}] torch (THP): backward {timings.backward.median_ms:.3g} ms",
-                  file=sys.stderr)
+            phase, timing = (("backward", timings.backward) if case.backward
+                             else ("forward", timings.forward))
+            print(f"[{case.name}] torch (THP): {phase} {timing.median_ms:.3g} ms", file=sys.stderr)
     args.json.write_text(json.dumps(results))
 
 

@@ -1,10 +1,17 @@
-"""halide_ad's first calls in a fresh process whose on-disk kernel cache is already filled: what a
-returning user pays (tracing, solving, and loading the compiled kernels instead of compiling).
+"""First calls in a fresh process: halide_ad's with its on-disk kernel cache already filled, and
+every library's with empty caches.
 
-The main run compiles every case into a fresh cache directory (HALIDE_AD_CACHE_DIR) and then
-starts `python -m benchmarks.warm_start` on the same cases with that directory.
+* Warm cache: what a returning user pays (tracing, solving, and loading the compiled kernels
+  instead of compiling): a `Case`'s first forward and backward, a `CallCase`'s first call. The
+  main run compiles every case into a fresh cache directory (HALIDE_AD_CACHE_DIR) and then starts
+  `python -m benchmarks.warm_start` on the same cases with that directory.
 
-    HALIDE_AD_CACHE_DIR=dir python -m benchmarks.warm_start --cases blur,dense --json out.json
+      HALIDE_AD_CACHE_DIR=dir python -m benchmarks.warm_start --cases blur,dense --json out.json
+
+* Empty caches (`measure_cold`): what a new user's first call costs. One process per library
+  (`--library`), each with a new, empty HALIDE_AD_CACHE_DIR and NUMBA_CACHE_DIR (halide_ad's own
+  numba helpers are cached on disk too, in numba's cache), times the first forward and backward
+  of one case after its imports, and saves the values it computed (`--arrays`) for the check.
 
 `--floor BYTES` measures, in a process of its own, numba's first call of a one-line function from
 numba's own cache (numba loads its typing registries then, and imports scipy where it is
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +32,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from benchmarks.cases import select
+import halide_ad as hd  # imported before any timing, as a user's process would have
+from benchmarks import peers
+from benchmarks.calls import CallCase
+from benchmarks.cases import Case
+from benchmarks.checks import compare_arrays
+from benchmarks.everyday import FirstCall
+from benchmarks.runner import PEERS, Row
+from benchmarks.selection import select
 from benchmarks.timing import time_once
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +50,11 @@ def _one_line(x: int) -> int:
     return x + 1
 
 
-def measure_in_subprocess(case_names: Sequence[str], *, small: bool) -> dict[str, dict[str, float]]:
-    """{case: {"forward": s, "backward": s}} from a fresh process sharing this one's cache dir."""
+def measure_in_subprocess(
+    case_names: Sequence[str], *, small: bool
+) -> dict[str, dict[str, float] | float]:
+    """From a fresh process sharing this one's cache dir: {case: {"forward": s, "backward": s}}
+    for a `Case` (no "backward" for one measured forward only), {case: s} for a `CallCase`."""
     return _run(["--cases", ",".join(case_names)] + (["--small"] if small else []))
 
 
@@ -47,12 +65,64 @@ def measure_floor(nbytes: int) -> dict[str, float]:
     return _run(["--floor", str(nbytes)])
 
 
-def _run(arguments: list[str]) -> dict:
+def measure_cold(first_call: FirstCall, *, small: bool, peer_names: Sequence[str]) -> Row:
+    """The seconds of `first_call.case`'s first forward plus backward in halide_ad and each peer,
+    each in a fresh process with empty caches, and halide_ad's values checked against a peer's."""
+    case = first_call.case
+    row = Row(first_call.name, "first fwd + bwd, empty caches")
+    values: dict[str, list[np.ndarray]] = {}
+    for library in ("halide_ad", *peer_names):
+        with tempfile.TemporaryDirectory(prefix="halide_ad_cold_") as tmp:
+            env = dict(os.environ, HALIDE_AD_CACHE_DIR=str(Path(tmp) / "halide_ad"),
+                       NUMBA_CACHE_DIR=str(Path(tmp) / "numba"))
+            env.pop("JAX_COMPILATION_CACHE_DIR", None)  # jax's persistent cache stays off
+            arrays = Path(tmp) / "arrays.npz"
+            arguments = ["--cases", case.name, "--library", library, "--arrays", str(arrays)]
+            try:
+                seconds = _run(arguments + (["--small"] if small else []), env=env)[case.name]
+            except subprocess.CalledProcessError as error:
+                row.record_error(library, error)
+                continue
+            with np.load(arrays) as saved:
+                values[library] = [saved[f"arr_{k}"] for k in range(len(saved.files))]
+        row.times_s[library] = sum(seconds.values())
+        row.parts_s[library] = seconds
+        print(f"[{first_call.name}] {library}: {row.times_s[library]:.3g} s", file=sys.stderr)
+    reference = next((p for p in PEERS if p in values), None)
+    if "halide_ad" in values and reference is not None:
+        row.reference = reference
+        row.check = compare_arrays(values["halide_ad"], values[reference])
+    return row
+
+
+def _run(arguments: list[str], *, env: dict[str, str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "warm_start.json"
         command = [sys.executable, "-m", "benchmarks.warm_start", *arguments, "--json", str(out)]
-        subprocess.run(command, cwd=REPO_ROOT, check=True)
+        subprocess.run(command, cwd=REPO_ROOT, check=True, env=env)
         return json.loads(out.read_text())
+
+
+def _first_calls(library: str, case: Case, inputs: list[np.ndarray],
+                 ct: np.ndarray) -> tuple[dict[str, float], list[np.ndarray]]:
+    """The seconds of `library`'s first forward and backward calls of `case` (forward only for a
+    case without a backward) and the arrays they computed: the output, then the gradients.
+
+    halide_ad's are its first call, `hd.vjp` and `vjp_fn(ct)`, as `benchmarks.ours` times them.
+    A peer's are the first calls that its measurement in `benchmarks.peers` records (which goes on
+    to time one more call of each, unused here)."""
+    if library == "halide_ad":
+        out, forward = time_once(lambda: case.halide_ad(*inputs))
+        if not case.backward:
+            return {"forward": forward}, [np.asarray(out)]
+        (_, vjp_fn), vjp = time_once(lambda: hd.vjp(case.halide_ad, *inputs))
+        grads, apply = time_once(lambda: vjp_fn(ct))
+        return {"forward": forward, "backward": vjp + apply}, [np.asarray(out), *grads]
+    if library == "torch":
+        measured = peers.measure_torch(case.torch, inputs, ct, 1, thp=False, backward=case.backward)
+    else:
+        measured = peers.measure_jax(case.jax, inputs, ct, 1, backward=case.backward)
+    return measured.timings.first_call_s, [measured.output, *measured.gradients]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -62,10 +132,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     which.add_argument("--cases", help="comma-separated case names")
     which.add_argument("--floor", type=int, metavar="BYTES", help="numba's and the OS's share instead")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--library", choices=("halide_ad", *PEERS), default="halide_ad",
+                        help="whose first calls to time (default halide_ad)")
+    parser.add_argument("--arrays", type=Path, help="save the values computed here (.npz)")
     parser.add_argument("--json", required=True, type=Path, help="where to write the seconds")
     args = parser.parse_args(argv)
 
-    import halide_ad as hd  # as a user's process would have
     if args.floor is not None:
         _, numba_first_call = time_once(lambda: _one_line(1))
         fresh = np.empty(args.floor // 4, np.float32)
@@ -73,14 +145,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.json.write_text(json.dumps({"numba_first_call": numba_first_call, "first_write": first_write}))
         return
     results = {}
+    arrays = []
     for case in select(args.cases.split(",")):
-        inputs = case.make_inputs(small=args.small)
-        ct = case.cotangent(small=args.small)
-        _, forward = time_once(lambda: case.halide_ad(*inputs))
-        (_, vjp_fn), vjp = time_once(lambda: hd.vjp(case.halide_ad, *inputs))
-        _, apply = time_once(lambda: vjp_fn(ct))
-        results[case.name] = {"forward": forward, "backward": vjp + apply}
+        if isinstance(case, CallCase) and args.library == "halide_ad":
+            call = case.prepare["halide_ad"](case.make_inputs(args.small))
+            _, results[case.name] = time_once(call)
+        elif isinstance(case, Case):
+            inputs = case.make_inputs(small=args.small)
+            ct = case.cotangent(small=args.small)
+            results[case.name], computed = _first_calls(args.library, case, inputs, ct)
+            arrays += computed
     args.json.write_text(json.dumps(results))
+    if args.arrays is not None:
+        np.savez(args.arrays, *arrays)
 
 
 if __name__ == "__main__":

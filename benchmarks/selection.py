@@ -1,0 +1,41 @@
+"""Which cases run: each case by its name, and two groups by theirs.
+
+* `kernels`: the stencil, convolution, pooling, resampling and dense gradients (`benchmarks.cases`);
+* `everyday`: what a user meets first (issue 26): elementwise math, softmax, layer norm and a small
+  layer (`benchmarks.everyday`), dispatch and a training step (`benchmarks.calls`), and the first
+  call on empty caches (`benchmarks.warm_start.measure_cold`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from benchmarks.calls import CALL_CASES, CallCase
+from benchmarks.cases import CASES, Case
+from benchmarks.everyday import EVERYDAY_CASES, FIRST_CALL, FirstCall
+
+AnyCase = Case | CallCase | FirstCall
+
+GROUPS: dict[str, tuple[AnyCase, ...]] = {
+    "kernels": CASES,
+    "everyday": (*EVERYDAY_CASES, *CALL_CASES, FIRST_CALL),
+}
+ALL: tuple[AnyCase, ...] = tuple(case for group in GROUPS.values() for case in group)
+BY_NAME: dict[str, AnyCase] = {case.name: case for case in ALL}
+
+
+def select(names: Sequence[str] | None) -> list[AnyCase]:
+    """The cases with the given names or in the given groups, in the given order, each once; all
+    cases for None."""
+    if names is None:
+        return list(ALL)
+    unknown = [n for n in names if n not in BY_NAME and n not in GROUPS]
+    if unknown:
+        raise ValueError(f"unknown case(s) {', '.join(unknown)}; choose from the groups "
+                         f"{', '.join(GROUPS)} or the cases {', '.join(BY_NAME)}")
+    chosen = [c for n in names for c in (GROUPS[n] if n in GROUPS else (BY_NAME[n],))]
+    return list({c.name: c for c in chosen}.values())
+
+
+def select_vjp_cases(names: Sequence[str]) -> list[Case]:
+    """The `Case`s (timed as forward and vjp) among `select(names)`."""
+    return [c for c in select(names) if isinstance(c, Case)]
