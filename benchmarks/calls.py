@@ -79,7 +79,7 @@ def run_call_case(case: CallCase, *, small: bool, repeat: int, peer_names: Seque
         row.times_s[library] = timing.median_ms * 1e-3
         if library == "halide_ad":
             row.first_call_s = first_s
-        print(f"[{case.name}] {library}: {timing.median_ms * 1e3:.3g} µs", file=sys.stderr)
+        print(f"[{case.name}] {library}: {case.phase} {timing.median_ms:.3g} ms", file=sys.stderr)
     reference = next((p for p in PEERS if p in values), None)
     if "halide_ad" in values and reference is not None:
         row.reference = reference
