@@ -28,9 +28,11 @@ from halide_ad.traverse import free_vars, simplify, substitute, walk
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
+# float32 math that vectorizes (runtime/vmath.py); float64 keeps numpy's, i.e. the C library's
+_VMATH = {"exp", "log", "log1p", "tanh", "sin", "cos", "erf"}
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
              "tap", "start", "stop",
-             "parallel_for", "kernel", "branchless"}
+             "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
 # hoisted loads and indices, literals, tables, staged adjoints
 _LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|(acc|red\d+)_lane\d")
 
@@ -96,6 +98,8 @@ class Emitter:
                 self.checks.append(f"{kind} was {{value}}, outside dimension {d} of {buffer} "
                                    f"(valid: 0..{self.shapes[buffer][d] - 1}), read at {loc_text}. {fix}.")
                 text = f"checked({text}, {self.shapes[buffer][d]}, status, {len(self.checks) - 1})"
+            if not isinstance(e, Const):  # proved or checked >= 0: no wraparound (see vmath.nonneg)
+                text = f"nonneg({text})"
             parts.append(text)
         return f"{buffer}[{', '.join(parts)}]"
 
@@ -121,6 +125,11 @@ class Emitter:
             case Bin(Op.POW, a, Const(2)):
                 x = self.expr(a)
                 return f"({x} * {x})"
+            case Bin(Op.POW, a, Const(3 | 4 as k)) if is_float(dtype_of(a)):
+                x = self.expr(a)
+                return f"({' * '.join([x] * int(k))})"
+            case Bin(Op.POW, a, b) if dtype_of(e) == "float32":
+                return f"vmath.pow_f32({self.expr(a)}, {self.expr(b)})"
             case Bin(Op.AND | Op.OR as op, a, b) if dtype_of(a) == "bool" and dtype_of(b) == "bool":
                 return f"({self.expr(a)} {'and' if op is Op.AND else 'or'} {self.expr(b)})"
             case Bin(op, a, b):
@@ -135,6 +144,8 @@ class Emitter:
                 return f"abs({self.expr(a)})"
             case Call("rsqrt", (a,)):
                 return f"({self.const(1.0, dtype_of(e))} / np.sqrt({self.expr(a)}))"
+            case Call(fn, (a,)) if fn in _VMATH and dtype_of(e) == "float32":
+                return f"vmath.{fn}_f32({self.expr(a)})"
             case Call("erf", (a,)):
                 return self.cast(f"math.erf({self.expr(a)})", dtype_of(e))
             case Call(fn, args) if fn in _NP_FUNCS:

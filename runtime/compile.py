@@ -5,6 +5,7 @@ Each kernel's source is written once to `<cache dir>/k_<hash>.py` and compiled b
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import importlib
@@ -17,6 +18,7 @@ import threading
 import numba
 import numpy as np
 
+from halide_ad.runtime import vmath
 from halide_ad.runtime.parallel import parallel_for
 
 HEADER = '''\
@@ -24,7 +26,9 @@ HEADER = '''\
 import math
 import numpy as np
 from numba import njit
+from halide_ad.runtime import vmath
 from halide_ad.runtime.parallel import branchless, kernel, parallel_for
+from halide_ad.runtime.vmath import nonneg
 
 
 @njit(inline="always", cache=True)
@@ -51,9 +55,14 @@ def cache_dir() -> str:
     return path
 
 
+@functools.cache
 def _version_salt() -> str:
+    """What a kernel's machine code depends on besides its text: numba's cache does not notice
+    a change in the functions it inlines from `vmath`."""
     from halide_ad import __version__
-    return f"{__version__}|{numba.__version__}|{np.__version__}|{sys.version_info[:2]}"
+    with open(vmath.__file__, "rb") as fh:
+        inlined = hashlib.sha256(fh.read()).hexdigest()[:12]
+    return f"{__version__}|{numba.__version__}|{np.__version__}|{sys.version_info[:2]}|{inlined}"
 
 
 def jit_enabled() -> bool:
@@ -71,7 +80,8 @@ def _checked(i, n, status, which):
 def interpret_kernel(source: str, entry: str, title: str):
     """`entry` from `source` as a plain Python function: the same code, without numba."""
     namespace = {"np": np, "math": math, "parallel_for": parallel_for, "checked": _checked,
-                 "kernel": lambda f: f, "branchless": lambda c, a, b: a if c else b}
+                 "kernel": lambda f: f, "branchless": lambda c, a, b: a if c else b,
+                 "vmath": vmath.plain_python, "nonneg": lambda i: i}
     exec(compile(source, f"<halide_ad:{title}>", "exec"), namespace)
     return namespace[entry]
 
