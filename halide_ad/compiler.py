@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 from dataclasses import dataclass, replace
 
@@ -16,7 +17,7 @@ from halide_ad.ad import Adjoint, reverse_mode
 from halide_ad.errors import BoundsError, ShapeError
 from halide_ad.ir import (Bin, Buffer, Call, Expr, Load, Op, Program, Reduce, Scatter, Select, Var,
                           adjoint_name, argindex_name, const, dtype_of, is_float)
-from halide_ad.runtime.buffers import pool
+from halide_ad.runtime.buffers import MIN_POOLED_BYTES, pool
 from halide_ad.runtime.codegen import emit_backward, emit_forward, split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction, formula, tap_product_vars
@@ -36,6 +37,9 @@ class AdjointPlan:
     inlined: bool = False
 
 
+_NO_STATUS = np.zeros(3, np.int64)  # for steps without checks: no kernel writes it
+
+
 @dataclass
 class NumbaStep:
     """A compiled numba function over named buffers."""
@@ -43,11 +47,24 @@ class NumbaStep:
     params: list[str]
     checks: list[str]
 
+    def __post_init__(self):
+        self._args = _getter(self.params)
+
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
+        if not self.checks:  # `status` is written only by the `checked` reads that checks describe
+            self.fn(*self._args(buffers), _NO_STATUS)
+            return
         status = np.zeros(3, np.int64)
-        self.fn(*(buffers[p] for p in self.params), status)
+        self.fn(*self._args(buffers), status)
         if status[0]:
             raise BoundsError(self.checks[status[1]].replace("{value}", str(status[2])))
+
+
+def _getter(names: list[str]):
+    """buffers -> (buffers[name] for name in names), as a tuple."""
+    if len(names) == 1:
+        return lambda buffers, name=names[0]: (buffers[name],)
+    return operator.itemgetter(*names) if names else lambda buffers: ()
 
 
 @dataclass
@@ -76,11 +93,15 @@ class Kernel:
         for step in self.steps:
             step(buffers)
 
-    def buffers(self) -> set[str]:
-        """The buffers its steps read or write."""
-        return {name for step in self.steps for name in (
+    @functools.cached_property
+    def _buffers(self) -> frozenset[str]:
+        return frozenset(name for step in self.steps for name in (
             step.params if isinstance(step, NumbaStep) else
-            [step.out, step.init] + [x.buffer for c in step.contractions for x in c.loads])}
+            [step.out, step.init] + [x.buffer for c in step.contractions for x in c.loads]))
+
+    def buffers(self) -> frozenset[str]:
+        """The buffers its steps read or write."""
+        return self._buffers
 
 
 def _dump(stage: str, text: str) -> None:
@@ -404,40 +425,95 @@ def allocate(shape: tuple[int, ...], dtype: str, *, zero: bool = False) -> np.nd
                          "than this machine can allocate; shrink the program's sizes") from None
 
 
+class Allocation:
+    """A buffer a run allocates, `allocate(shape, dtype, zero=zero)`: plain np.empty where it is
+    too small for the pool to keep (the same array, without the pool's checks per call)."""
+
+    __slots__ = ("name", "shape", "dtype", "zero", "small")
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, *, zero: bool = False):
+        self.name, self.shape, self.dtype, self.zero = name, shape, np.dtype(dtype), zero
+        self.small = not zero and self.dtype.itemsize * math.prod(shape) < MIN_POOLED_BYTES
+
+    def __call__(self) -> np.ndarray:
+        if self.small:
+            return np.empty(self.shape or (1,), self.dtype)
+        return allocate(self.shape, self.dtype, zero=self.zero)
+
+
+class ForwardRun:
+    """`run_forward` for one program and its kernel, with what they fix worked out once: the 0-d
+    inputs (kernels see shape (1,)) and the buffers to allocate. A cached call pays for the
+    allocations and the kernel, and nothing else."""
+
+    def __init__(self, program: Program, kernel: Kernel):
+        stored = kernel.buffers()  # not the Funcs it computes where they are read
+        allocations = []
+        for f in program.funcs:
+            if f.name not in stored:
+                continue
+            allocations.append(Allocation(f.name, f.shape, f.dtype))
+            if f.keeps_argindex:
+                allocations.append(Allocation(argindex_name(f.name), f.shape, f.argindex_dtype))
+        allocations += [Allocation(b.name, b.shape, b.dtype) for b in kernel.scratch]
+        self.kernel = kernel
+        self.scalars = tuple(b.name for b in program.inputs if b.shape == ())
+        self.allocations = tuple(allocations)
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        buffers = dict(inputs)
+        for name in self.scalars:
+            buffers[name] = buffers[name].reshape(1)
+        for a in self.allocations:
+            buffers[a.name] = a()
+        self.kernel(buffers)
+        return buffers
+
+
 def run_forward(program: Program, kernel: Kernel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    buffers = {name: (a.reshape(1) if a.ndim == 0 else a) for name, a in inputs.items()}
-    stored = kernel.buffers()  # not the Funcs it computes where they are read
-    for f in program.funcs:
-        if f.name not in stored:
-            continue
-        buffers[f.name] = allocate(f.shape, f.dtype)
-        if f.keeps_argindex:
-            buffers[argindex_name(f.name)] = allocate(f.shape, f.argindex_dtype)
-    for b in kernel.scratch:
-        buffers[b.name] = allocate(b.shape, b.dtype)
-    kernel(buffers)
-    return buffers
+    return ForwardRun(program, kernel)(inputs)
+
+
+class BackwardRun:
+    """`run_backward` for one gradient kernel and its plans, with what they fix worked out once:
+    which adjoints are allocated (zeroed where nothing contributes), which are the cotangents."""
+
+    def __init__(self, kernel: Kernel, plans: list[AdjointPlan]):
+        used = kernel.buffers()
+        fills = []  # (buffer name, the output whose cotangent it is, or an Allocation), in plan order
+        results = []
+        for plan in plans:
+            if plan.inlined:
+                continue
+            adj = plan.adjoint
+            name = adjoint_name(adj.buffer)
+            results.append((adj.buffer, name))
+            if plan.contributions:
+                if name in used:  # else a kernel keeps it one plane at a time (codegen's stages)
+                    fills.append((name, Allocation(name, adj.shape, adj.dtype)))
+                if adj.seeded:
+                    fills.append(("ct_" + adj.buffer, adj.buffer))
+            else:
+                fills.append((name, adj.buffer if adj.seeded else
+                              Allocation(name, adj.shape, adj.dtype, zero=True)))
+        self.kernel = kernel
+        self.plans = plans
+        self.fills = tuple(fills)
+        self.results = tuple(results)
+
+    def __call__(self, buffers: dict[str, np.ndarray], cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        buffers = dict(buffers)
+        for name, fill in self.fills:
+            if isinstance(fill, str):
+                ct = cotangents.get(fill)
+                buffers[name] = ct.reshape(1) if ct is not None and ct.ndim == 0 else ct
+            else:
+                buffers[name] = fill()
+        self.kernel(buffers)
+        return {buffer: buffers[name] for buffer, name in self.results if name in buffers}
 
 
 def run_backward(kernel: Kernel, plans: list[AdjointPlan], buffers: dict[str, np.ndarray],
                  cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Adjoint buffers by name; `cotangents` are keyed by output name."""
-    buffers = dict(buffers)
-    used = kernel.buffers()
-    plans = [p for p in plans if not p.inlined]
-    for plan in plans:
-        adj = plan.adjoint
-        name = adjoint_name(adj.buffer)
-        ct = cotangents.get(adj.buffer)
-        if ct is not None and ct.ndim == 0:
-            ct = ct.reshape(1)
-        if plan.contributions:
-            if name in used:  # else a kernel keeps it one plane at a time (codegen's stages)
-                buffers[name] = allocate(adj.shape, adj.dtype)
-            if adj.seeded:
-                buffers["ct_" + adj.buffer] = ct
-        else:
-            buffers[name] = ct if adj.seeded else allocate(adj.shape, adj.dtype, zero=True)
-    kernel(buffers)
-    return {plan.adjoint.buffer: buffers[adjoint_name(plan.adjoint.buffer)] for plan in plans
-            if adjoint_name(plan.adjoint.buffer) in buffers}
+    return BackwardRun(kernel, plans)(buffers, cotangents)

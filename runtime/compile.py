@@ -124,20 +124,20 @@ class _Sealed:
     whenever one compiles (or loads) a new overload, so that a later process can tell a good cache
     entry from a truncated, garbled or half-written one before numba loads it."""
 
-    __slots__ = ("_overloads", "dispatchers", "entry", "source_path")
+    __slots__ = ("_overloads", "_tables", "dispatchers", "entry", "source_path")
 
     def __init__(self, entry, dispatchers: list, source_path: str):
         self.entry = entry
         self.dispatchers = dispatchers
         self.source_path = source_path
         self._overloads = 0
+        self._tables = tuple(d.overloads for d in dispatchers)  # numba keeps one dict per dispatcher
 
     def __call__(self, *args):
         result = self.entry(*args)
-        overloads = sum(len(d.overloads) for d in self.dispatchers)
-        if overloads != self._overloads:
+        if sum(map(len, self._tables)) != self._overloads:
             with _lock:
-                self._overloads = overloads
+                self._overloads = sum(map(len, self._tables))
                 _write_checksums(self)
         return result
 
