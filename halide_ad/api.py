@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from halide_ad import ir
-from halide_ad.compiler import (AdjointPlan, Kernel, compile_forward, compile_gradient, run_backward,
-                                run_forward)
+from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
+                                compile_gradient)
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
 from halide_ad.tensor import BoundaryView, Tensor
 from halide_ad.trace import TraceState, current, tracing
@@ -81,49 +81,123 @@ def _classify(name: str, value):
                      "(convert with np.asarray)")
 
 
-def _param_names(fn, count: int) -> list[str]:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    names = []
-    for k in range(count):
-        if k < len(params) and params[k].kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                                   inspect.Parameter.POSITIONAL_OR_KEYWORD):
-            names.append(params[k].name)
+_PLAIN_STATIC_TYPES = frozenset({int, float, bool, str, type(None)})
+
+
+def _plain_static(value) -> bool:
+    """A number, string or None, or a (nested) tuple of them: a static option that is its own
+    dispatch key (hashable, compared by value, passed on unchanged by `_classify`)."""
+    t = type(value)
+    return t in _PLAIN_STATIC_TYPES or (t is tuple and all(_plain_static(v) for v in value))
+
+
+def _call_key(args: tuple, kwargs: dict) -> tuple | None:
+    """What fixes a call's Traced, read cheaply from the arguments: each array's shape and dtype,
+    each static option's type and value, and the keywords' names. Equal keys mean equal
+    signatures in `Function.trace` (which classifies every argument first). None for any other
+    argument (a numpy scalar, a list, an array subclass, ...): such calls classify each time."""
+    key = []
+    for a in args:
+        t = type(a)
+        if t is np.ndarray:
+            key += (a.shape, a.dtype)
+        elif _plain_static(a):
+            key += (t, a)
         else:
-            names.append(f"arg{k}")
-    return names
+            return None
+    for name, a in kwargs.items():
+        t = type(a)
+        if t is np.ndarray:
+            key += (name, a.shape, a.dtype)
+        elif _plain_static(a):
+            key += (name, t, a)
+        else:
+            return None
+    return tuple(key)
 
 
-@dataclass
+class _Call:
+    """A call signature traced before: its Traced, and which arguments are its array buffers."""
+
+    __slots__ = ("traced", "positions", "keywords")
+
+    def __init__(self, traced: Traced, positions: tuple[tuple[int, str], ...], keywords: tuple[str, ...]):
+        self.traced = traced
+        self.positions = positions
+        self.keywords = keywords
+
+    def arrays(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
+        """The arrays by buffer name, C-contiguous, as `_classify` passes them on."""
+        arrays = {name: np.asarray(args[k], order="C") for k, name in self.positions}
+        for name in self.keywords:
+            arrays[name] = np.asarray(kwargs[name], order="C")
+        return arrays
+
+
+@dataclass(eq=False)
 class Traced:
-    """One traced signature: the program, its forward kernel, and gradient kernels by `wrt`."""
+    """One traced signature: the program, its forward kernel, and gradient kernels by `wrt`, with
+    what the signature fixes for a call worked out once (ForwardRun, BackwardRun, the outputs'
+    shapes)."""
     program: ir.Program
     rebuild: object
     arg_names: list[str]           # buffer name for each positional array argument, else None
     kinds: list[str]
-    _grads: dict = field(default_factory=dict)
-    _forward: Kernel | None = None
+    _grads: dict = field(default_factory=dict)  # wrt -> BackwardRun
+    _forward: ForwardRun | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    scalar_gradients: dict = field(default_factory=dict)  # argnums -> _ScalarGradient
+
+    def __post_init__(self):
+        program = self.program
+        self._outputs = tuple((o, program.func(o).shape == ()) for o in program.outputs)
+        self._arg_shapes = tuple(None if n is None else program.buffer(n).shape for n in self.arg_names)
+        self.float_args = tuple(n for n in self.arg_names if n is not None and ir.is_float(program.buffer(n).dtype))
+        self._structure = None
 
     def forward_kernel(self) -> Kernel:
-        with self._lock:
-            if self._forward is None:
-                self._forward = compile_forward(self.program)
-            return self._forward
+        return self._forward_run().kernel
+
+    def _forward_run(self) -> ForwardRun:
+        run = self._forward  # read without the lock: a call never waits for another's compile
+        if run is None:
+            with self._lock:
+                if self._forward is None:
+                    self._forward = ForwardRun(self.program, compile_forward(self.program))
+                run = self._forward
+        return run
 
     def gradient(self, wrt: tuple[str, ...]) -> tuple[Kernel, list[AdjointPlan]]:
-        with self._lock:
-            if wrt not in self._grads:
-                self._grads[wrt] = compile_gradient(self.program, wrt)
-            return self._grads[wrt]
+        run = self.backward(wrt)
+        return run.kernel, run.plans
+
+    def backward(self, wrt: tuple[str, ...]) -> BackwardRun:
+        run = self._grads.get(wrt)
+        if run is None:
+            with self._lock:
+                if wrt not in self._grads:
+                    self._grads[wrt] = BackwardRun(*compile_gradient(self.program, wrt))
+                run = self._grads[wrt]
+        return run
 
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return run_forward(self.program, self.forward_kernel(), arrays)
+        return self._forward_run()(arrays)
 
     def outputs(self, buffers: dict[str, np.ndarray]):
-        return self.rebuild([buffers[o].reshape(self.program.func(o).shape) for o in self.program.outputs])
+        """The outputs in the structure fn returned. Kernels see a 0-d buffer as shape (1,); every
+        other buffer has its output's shape already."""
+        return self.rebuild([buffers[o].reshape(()) if scalar else buffers[o] for o, scalar in self._outputs])
+
+    def gradients(self, grads: dict[str, np.ndarray]) -> tuple:
+        """One gradient per positional argument: None for static and integer arguments."""
+        return tuple(None if n is None or n not in grads else grads[n].reshape(()) if shape == () else grads[n]
+                     for n, shape in zip(self.arg_names, self._arg_shapes, strict=True))
+
+    def structure(self):
+        """The outputs' structure, output k's place holding k (`_leaves_like` follows it)."""
+        if self._structure is None:
+            self._structure = self.rebuild(list(range(len(self.program.outputs))))
+        return self._structure
 
 
 class Function:
@@ -136,11 +210,16 @@ class Function:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self._traces: dict = {}
+        self._calls: dict = {}  # _call_key -> _Call: the signatures a call finds without classifying
+        self._bound: set = set()  # (positional count, keyword names) that bind to the signature
         self._lock = threading.Lock()
         try:
             self._signature = inspect.signature(fn)
         except (TypeError, ValueError):  # some builtins and C functions have none
             self._signature = None
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = self._signature.parameters.values() if self._signature is not None else ()
+        self._positional = [p.name if p.kind in positional else None for p in params]
 
     def __repr__(self) -> str:
         return f"<hd.func {getattr(self.fn, '__qualname__', self.fn)}>"
@@ -152,9 +231,17 @@ class Function:
         traced, arrays = self.trace(args, kwargs)
         return traced.outputs(traced.run(arrays))
 
+    def _param_names(self, count: int) -> list[str]:
+        """The buffer name of each positional argument: its parameter's, else arg<k>."""
+        names = self._positional
+        return [names[k] if k < len(names) and names[k] is not None else f"arg{k}" for k in range(count)]
+
     def _check_arguments(self, args: tuple, kwargs: dict) -> None:
         """Too many, too few or unknown arguments: the caller's mistake, named before tracing."""
         if self._signature is None:
+            return
+        arity = (len(args), tuple(kwargs))  # all that binding depends on
+        if arity in self._bound:
             return
         try:
             self._signature.bind(*args, **kwargs)
@@ -162,23 +249,36 @@ class Function:
             name = getattr(self.fn, "__name__", "fn")
             raise ShapeError(f"{name}{self._signature} was called with {len(args)} positional and "
                              f"{len(kwargs)} keyword argument(s): {e}", user_loc()) from None
+        self._bound.add(arity)
 
     def trace(self, args: tuple, kwargs: dict) -> tuple[Traced, dict[str, np.ndarray]]:
+        """(the Traced of this call's signature, traced on its first call; the arrays by buffer
+        name). A signature called before is found by `_call_key` without classifying anything."""
+        key = _call_key(args, kwargs)
+        call = None if key is None else self._calls.get(key)  # (a dict read needs no lock)
+        if call is not None:
+            return call.traced, call.arrays(args, kwargs)
         self._check_arguments(args, kwargs)
-        names = _param_names(self.fn, len(args))
+        names = self._param_names(len(args))
         classified = [_classify(n, a) for n, a in zip(names, args, strict=True)]
         kw = {k: _classify(k, v) for k, v in sorted(kwargs.items())}
         for kind, v in classified + list(kw.values()):
             if kind == "tensor":
                 raise TraceError(f"{self!r} got a symbolic tensor outside a trace")
-        key = (tuple((k, v.shape, v.dtype.str) if k == "array" else (k, type(v), v) for k, v in classified),
-               tuple((name, k, (v.shape, v.dtype.str) if k == "array" else v) for name, (k, v) in kw.items()))
+        signature = (tuple((k, v.shape, v.dtype.str) if k == "array" else (k, type(v), v) for k, v in classified),
+                     tuple((name, k, (v.shape, v.dtype.str) if k == "array" else v) for name, (k, v) in kw.items()))
         arrays = {n: v for n, (k, v) in zip(names, classified, strict=True) if k == "array"}
         arrays |= {n: v for n, (k, v) in kw.items() if k == "array"}
-        with self._lock:
-            traced = self._traces.get(key)
-            if traced is None:
-                traced = self._traces[key] = self._trace(names, classified, kw)
+        traced = self._traces.get(signature)
+        if traced is None:
+            with self._lock:  # one trace per signature, however many threads call it at once
+                traced = self._traces.get(signature)
+                if traced is None:
+                    traced = self._traces[signature] = self._trace(names, classified, kw)
+        if key is not None and key == key and all(  # (a NaN option never equals itself)
+                a.dtype.isnative for a in (*args, *kwargs.values()) if type(a) is np.ndarray):
+            self._calls[key] = _Call(traced, tuple((k, n) for k, n in enumerate(names) if type(args[k]) is np.ndarray),
+                                     tuple(n for n, a in kwargs.items() if type(a) is np.ndarray))
         return traced, arrays
 
     def _trace(self, names, classified, kw) -> Traced:
@@ -274,11 +374,14 @@ def as_function(fn) -> Function:
     """`fn` itself if decorated; a plain function is traced as if decorated, and cached the same way."""
     if isinstance(fn, Function):
         return fn
+    try:
+        f = _wrapped.get(fn)  # a read needs no lock; adding one does
+    except TypeError:
+        return Function(fn)
+    if f is not None:
+        return f
     with _wrapped_lock:
-        try:
-            f = _wrapped.get(fn)
-        except TypeError:
-            return Function(fn)
+        f = _wrapped.get(fn)
         if f is None:
             f = _wrapped[fn] = Function(fn)
         return f
@@ -313,15 +416,11 @@ def vjp(fn, *args, **kwargs):
     traced, arrays = f.trace(args, kwargs)
     buffers = traced.run(arrays)
     out = traced.outputs(buffers)
-    wrt = tuple(n for n in traced.arg_names if n is not None and ir.is_float(traced.program.buffer(n).dtype))
-    name = getattr(f.fn, "__name__", "fn")
 
     def vjp_fn(cotangent):
-        cts = _cotangents(traced, cotangent, name)
-        kernel, plans = traced.gradient(wrt)
-        grads = run_backward(kernel, plans, buffers, cts)
-        return tuple(None if n is None or n not in grads else
-                     grads[n].reshape(traced.program.buffer(n).shape) for n in traced.arg_names)
+        cts = _cotangents(traced, cotangent, getattr(f.fn, "__name__", "fn"))
+        grads = traced.backward(traced.float_args)(buffers, cts)
+        return traced.gradients(grads)
 
     return out, vjp_fn
 
@@ -329,7 +428,7 @@ def vjp(fn, *args, **kwargs):
 def _cotangents(traced: Traced, cotangent, fn_name: str) -> dict[str, np.ndarray]:
     program = traced.program
     try:
-        leaves = _leaves_like(traced.rebuild, cotangent, len(program.outputs))
+        leaves = _leaves_like(traced.structure(), cotangent, len(program.outputs))
     except (TypeError, ValueError, KeyError):
         raise ShapeError(f"the cotangent must have the structure of {fn_name}'s outputs") from None
     out = {}
@@ -345,9 +444,8 @@ def _cotangents(traced: Traced, cotangent, fn_name: str) -> dict[str, np.ndarray
     return out
 
 
-def _leaves_like(rebuild, value, count: int) -> list:
-    """The leaves of `value`, which has the outputs' structure."""
-    probe = rebuild(list(range(count)))
+def _leaves_like(structure, value, count: int) -> list:
+    """The leaves of `value`, which has the outputs' structure (`Traced.structure`)."""
     leaves = [None] * count
 
     def walk_pair(shape, v):
@@ -364,31 +462,61 @@ def _leaves_like(rebuild, value, count: int) -> list:
             for s, x in zip(shape, v, strict=True):
                 walk_pair(s, x)
 
-    walk_pair(probe, value)
+    walk_pair(structure, value)
     return leaves
+
+
+@dataclass(frozen=True)
+class _ScalarGradient:
+    """What `value_and_grad` works out once per signature and argnums: the gradient's run, the
+    scalar output it seeds with 1, and where each requested gradient is."""
+    backward: BackwardRun
+    out: str
+    seed: np.ndarray  # shape (1,), as kernels see the 0-d output; copied for each call
+    results: tuple[tuple[str, bool], ...]  # (buffer, whether 0-d) for each of argnums
+
+    def __call__(self, buffers: dict[str, np.ndarray]) -> tuple:
+        grads = self.backward(buffers, {self.out: self.seed.copy()})
+        return tuple(grads[name].reshape(()) if scalar else grads[name] for name, scalar in self.results)
+
+
+def _scalar_output(traced: Traced, fn_name: str) -> str:
+    program = traced.program
+    if len(program.outputs) != 1 or program.func(program.outputs[0]).shape != ():
+        shapes = [program.func(o).shape for o in program.outputs]
+        raise NotDifferentiableError(f"hd.grad needs {fn_name} to return one scalar (shape ()), but it "
+                                     f"returned shape(s) {shapes}; reduce it (e.g. hd.sum) or use hd.vjp")
+    return program.outputs[0]
 
 
 def value_and_grad(fn, argnums=0):
     """A function returning (fn(*args), gradient): like jax.value_and_grad, for scalar outputs."""
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
+    # Only ints can be argnums; anything else raises below on every call, and may be unhashable.
+    cached = all(isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in nums)
+    function = None
 
     def wrapped(*args, **kwargs):
-        f = as_function(fn)
-        traced, arrays = f.trace(args, kwargs)
-        name = getattr(f.fn, "__name__", "fn")
-        program = traced.program
-        if len(program.outputs) != 1 or program.func(program.outputs[0]).shape != ():
-            shapes = [program.func(o).shape for o in program.outputs]
-            raise NotDifferentiableError(f"hd.grad needs {name} to return one scalar (shape ()), but it "
-                                         f"returned shape(s) {shapes}; reduce it (e.g. hd.sum) or use hd.vjp")
-        wrt = _differentiable(traced, nums, name)
-        buffers = traced.run(arrays)
-        out = program.outputs[0]
-        kernel, plans = traced.gradient(wrt)
-        grads = run_backward(kernel, plans, buffers, {out: np.ones((), program.func(out).dtype)})
-        results = tuple(grads[traced.arg_names[k]].reshape(program.buffer(traced.arg_names[k]).shape)
-                        for k in nums)
+        nonlocal function
+        if function is None:
+            function = as_function(fn)
+        traced, arrays = function.trace(args, kwargs)
+        gradient = traced.scalar_gradients.get(nums) if cached else None
+        if gradient is None:  # the first call for this signature: check, run, then compile
+            name = getattr(function.fn, "__name__", "fn")
+            out = _scalar_output(traced, name)
+            wrt = _differentiable(traced, nums, name)
+            buffers = traced.run(arrays)
+            program = traced.program
+            gradient = _ScalarGradient(traced.backward(wrt), out, np.ones(1, program.func(out).dtype),
+                                       tuple((traced.arg_names[k], program.buffer(traced.arg_names[k]).shape == ())
+                                             for k in nums))
+            if cached:
+                traced.scalar_gradients[nums] = gradient
+        else:
+            buffers = traced.run(arrays)
+        results = gradient(buffers)
         return traced.outputs(buffers)[()], (results[0] if single else results)
 
     return wrapped
