@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from halide_ad import ir
+from halide_ad import ir, tiered
 from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
                                 compile_gradient)
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
@@ -154,6 +154,38 @@ class Traced:
         self._arg_shapes = tuple(None if n is None else program.buffer(n).shape for n in self.arg_names)
         self.float_args = tuple(n for n in self.arg_names if n is not None and ir.is_float(program.buffer(n).dtype))
         self._structure = None
+        # tiered execution (halide_ad/tiered.py), per pass: "forward", or a gradient's wrt
+        self._compiled: set = set()        # the passes that run their kernels from now on
+        self._jobs: dict = {}              # pass -> the Future compiling its kernels
+        self.interpreted: dict = {}        # pass -> calls the interpreter ran
+
+    def _interpreting(self, key, warming) -> bool:
+        """Whether this call of pass `key` runs on the interpreter: while its kernels compile in
+        the background (`warming()` gives the job that compiles them, by a run on copies of this
+        call's arrays), for small programs whose kernels are neither in this process nor on disk.
+        Once it returns False for a pass, it does for good."""
+        if key in self._compiled:
+            return False
+        built = self._forward if key == "forward" else self._grads.get(key)
+        if (built is not None and built.kernel.compiled()
+                or not tiered.interpretable(self.program, () if key == "forward" else key)):
+            self._compiled.add(key)
+            return False
+        job = self._jobs.get(key)
+        if job is None:
+            with self._lock:
+                job = self._jobs.get(key)
+                if job is None:
+                    job = self._jobs[key] = tiered.in_background(warming())
+        if job.done():  # (a compile that failed fails again in the caller, with its error)
+            self._compiled.add(key)
+            return False
+        self.interpreted[key] = self.interpreted.get(key, 0) + 1
+        return True
+
+    def _inputs(self, buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The program's inputs among `buffers`, in their declared shapes, copied."""
+        return {b.name: np.array(buffers[b.name]).reshape(b.shape) for b in self.program.inputs}
 
     def forward_kernel(self) -> Kernel:
         return self._forward_run().kernel
@@ -181,7 +213,33 @@ class Traced:
         return run
 
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The forward pass's buffers: from its kernels, or the interpreter's while they compile."""
+        if "forward" in self._compiled:
+            return self._forward_run()(arrays)
+        def warming():
+            copies = self._inputs(arrays)
+            return lambda: self._forward_run()(copies)
+
+        if self._interpreting("forward", warming):
+            return tiered.forward(self.program, arrays)
         return self._forward_run()(arrays)
+
+    def gradient_of(self, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
+                    cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{name: gradient} for `wrt`, from `run`'s buffers: from the kernels, or from the
+        interpreter (forward and backward on it) while they compile."""
+        interpreted = tiered.INTERPRETED in buffers
+        if not interpreted and wrt in self._compiled:
+            return self.backward(wrt)(buffers, cotangents)
+        def warming():
+            inputs = self._inputs(buffers)
+            seeds = {k: np.array(v) for k, v in cotangents.items()}
+            return lambda: self.backward(wrt)(self._forward_run()(inputs), seeds)
+
+        if self._interpreting(wrt, warming) or interpreted:
+            forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
+            return tiered.backward(self.program, wrt, forward, cotangents)
+        return self.backward(wrt)(buffers, cotangents)
 
     def outputs(self, buffers: dict[str, np.ndarray]):
         """The outputs in the structure fn returned. Kernels see a 0-d buffer as shape (1,); every
@@ -419,8 +477,7 @@ def vjp(fn, *args, **kwargs):
 
     def vjp_fn(cotangent):
         cts = _cotangents(traced, cotangent, getattr(f.fn, "__name__", "fn"))
-        grads = traced.backward(traced.float_args)(buffers, cts)
-        return traced.gradients(grads)
+        return traced.gradients(traced.gradient_of(traced.float_args, buffers, cts))
 
     return out, vjp_fn
 
@@ -468,15 +525,16 @@ def _leaves_like(structure, value, count: int) -> list:
 
 @dataclass(frozen=True)
 class _ScalarGradient:
-    """What `value_and_grad` works out once per signature and argnums: the gradient's run, the
-    scalar output it seeds with 1, and where each requested gradient is."""
-    backward: BackwardRun
+    """What `value_and_grad` works out once per signature and argnums: the gradient's inputs,
+    the scalar output it seeds with 1, and where each requested gradient is."""
+    traced: Traced
+    wrt: tuple[str, ...]
     out: str
     seed: np.ndarray  # shape (1,), as kernels see the 0-d output; copied for each call
     results: tuple[tuple[str, bool], ...]  # (buffer, whether 0-d) for each of argnums
 
     def __call__(self, buffers: dict[str, np.ndarray]) -> tuple:
-        grads = self.backward(buffers, {self.out: self.seed.copy()})
+        grads = self.traced.gradient_of(self.wrt, buffers, {self.out: self.seed.copy()})
         return tuple(grads[name].reshape(()) if scalar else grads[name] for name, scalar in self.results)
 
 
@@ -509,7 +567,7 @@ def value_and_grad(fn, argnums=0):
             wrt = _differentiable(traced, nums, name)
             buffers = traced.run(arrays)
             program = traced.program
-            gradient = _ScalarGradient(traced.backward(wrt), out, np.ones(1, program.func(out).dtype),
+            gradient = _ScalarGradient(traced, wrt, out, np.ones(1, program.func(out).dtype),
                                        tuple((traced.arg_names[k], program.buffer(traced.arg_names[k]).shape == ())
                                              for k in nums))
             if cached:

@@ -103,6 +103,10 @@ class Kernel:
         """The buffers its steps read or write."""
         return self._buffers
 
+    def compiled(self) -> bool:
+        """Whether its steps run without compiling first (see `halide_ad/tiered.py`)."""
+        return all(getattr(step.fn, "ready", lambda: True)() for step in self.steps if isinstance(step, NumbaStep))
+
 
 def _dump(stage: str, text: str) -> None:
     if stage in os.environ.get("HALIDE_AD_DUMP", "").split(","):

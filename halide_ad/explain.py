@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from halide_ad import ir
+from halide_ad import ir, tiered
 from halide_ad.ad import clamps_into_extrema
 from halide_ad.show import show, show_func
 from halide_ad.runtime.contract import Contraction
@@ -28,6 +28,7 @@ class Explanation:
     backward_source: str
     fused: tuple[str, ...] = ()  # Funcs the forward computes where they are read, not stored
     through: dict[str, str] = field(default_factory=dict)  # clamps differentiated inside a max or min
+    tiers: tuple[str, ...] = ()  # which tier ran each pass (halide_ad/tiered.py)
 
     def forms(self, buffer: str | None = None) -> list[str]:
         return [c.form for c in self.contributions if buffer is None or c.buffer == buffer]
@@ -45,6 +46,7 @@ class Explanation:
             lines.append(f"  [{c.form}] {c.formula}" + (f"   ({c.loc})" if c.loc else ""))
             if c.reason:
                 lines.append(f"      kept as a scatter: {c.reason}")
+        lines += ["", "-- tiers", *(f"  {t}" for t in self.tiers)]
         lines += ["", "-- forward kernel", self.forward_source, "-- gradient kernel", self.backward_source]
         return "\n".join(lines)
 
@@ -57,6 +59,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
     from halide_ad.api import as_function
     traced, _ = as_function(fn).trace(args, kwargs)
     wrt = tuple(n for n in traced.arg_names if n is not None and ir.is_float(traced.program.buffer(n).dtype))
+    tiers = _tiers(traced, wrt)
     forward = traced.forward_kernel()
     kernel, plans = traced.gradient(wrt)
     contributions = []
@@ -82,4 +85,24 @@ def explain(fn, *args, **kwargs) -> Explanation:
                                               str(s.loc) if s.loc else None))
     fused = tuple(f.name for f in traced.program.funcs if f.name not in forward.buffers())
     through = clamps_into_extrema(traced.program)[1]
-    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused, through)
+    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused, through, tiers)
+
+
+def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:
+    """A line per pass called so far: how many calls the interpreter ran, and whether the
+    kernels have taken over."""
+    if not tiered.enabled():
+        return ("every call runs the compiled kernels (HALIDE_AD_TIERED=0, or HALIDE_AD_JIT=0)",)
+    passes = [("forward", "forward")] + [(key, f"gradient by {', '.join(key)}") for key in traced._jobs
+                                         if key != "forward"]
+    lines = []
+    for key, title in passes:
+        calls = traced.interpreted.get(key, 0)
+        now = "compiled kernels" if key in traced._compiled else "the interpreter, its kernels compiling"
+        if calls:
+            lines.append(f"{title}: {calls} call(s) on the numpy interpreter (runtime/reference.py), now {now}")
+        elif key in traced._compiled:
+            lines.append(f"{title}: compiled kernels")
+    if not any(key != "forward" for key, _ in passes) and wrt not in traced._compiled:
+        lines.append("gradient: not run yet (explain compiles its kernels below)")
+    return tuple(lines) or ("not run yet",)

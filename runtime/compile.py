@@ -141,6 +141,12 @@ class _Sealed:
                 _write_checksums(self)
         return result
 
+    def ready(self) -> bool:
+        """Whether a call runs machine code without compiling it: compiled in this process (by a
+        call of this kernel, or of another program with the same source), or in numba's on-disk
+        cache. (A kernel's first call compiles only the functions it calls.)"""
+        return any(self._tables) or bool(self.machine_code()[1])
+
     def machine_code(self) -> tuple[str | None, list[str]]:
         """numba's cache folder for this kernel's module, and the module's index and data files."""
         folder = next((d._cache._cache_path for d in self.dispatchers if hasattr(d._cache, "_cache_path")), None)

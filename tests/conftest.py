@@ -9,6 +9,10 @@ from hypothesis import settings
 settings.register_profile("halide_ad", derandomize=not os.environ.get("HALIDE_AD_FUZZ_RANDOM"))
 settings.load_profile("halide_ad")
 
+# The suite tests the kernels: a first call waits for them instead of running on the interpreter
+# while they compile (halide_ad/tiered.py). tests/api/test_tiers.py turns the interpreter tier on.
+os.environ.setdefault("HALIDE_AD_TIERED", "0")
+
 
 @pytest.fixture
 def rng():

@@ -1,0 +1,122 @@
+"""Tiered execution: a small program's first calls run on the numpy interpreter while numba
+compiles its kernels on a background thread; calls switch to the kernels once they are built.
+
+numba takes 1-15 s to compile a layer's kernels (its gradient's boundary-split gathers most of
+that), which a user meets on every new program and every new shape. The interpreter
+(`runtime/reference.py`, the executable spec the kernels are tested against) starts at once and,
+for a program of a few million element operations or fewer, runs in milliseconds: the first
+forward and backward of a small conv-relu-pool layer took 16.8 s and now take well under one.
+
+What runs on the interpreter tier:
+* only programs whose every read is proved in range at trace time (the interpreter clips a
+  data-dependent index where the kernels raise BoundsError), and whose work per call, counted
+  as element operations of the Funcs and of the gradient's scatters, is at most
+  HALIDE_AD_INTERPRET_MAX (default 2**22);
+* only while a kernel is neither compiled in this process nor in the on-disk cache: a second
+  process loads machine code and runs compiled from its first call;
+* the forward and backward of one call on the same tier: a gradient never mixes the
+  interpreter's forward buffers with a kernel's.
+
+The two tiers agree to rounding, not bit for bit: the interpreter sums float32 in numpy's order
+and precision where the kernels accumulate long sums in float64, and calls numpy's exp and tanh
+where float32 kernels call `runtime/vmath.py`'s (within 3 ulp). tests/api/test_tiers.py holds
+them to 1e-5 relative in float32 and 1e-12 in float64. HALIDE_AD_TIERED=0 turns the
+interpreter tier off: every call waits for its kernels, as a run that must repeat bits from its
+first call needs.
+
+The background thread is not a daemon: a process finishes the compiles it started before it
+exits, so that the next process finds the kernels on disk.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from halide_ad.ad import reverse_mode
+from halide_ad.ir import Program, Reduce
+from halide_ad.runtime import reference
+from halide_ad.runtime.compile import jit_enabled
+from halide_ad.solver.bounds import checked_at_run_time
+from halide_ad.traverse import walk
+
+DEFAULT_MAX_WORK = 1 << 22
+INTERPRETED = "\0interpreted"  # a key of the interpreter's buffers: their gradient is interpreted too
+
+
+def enabled() -> bool:
+    return os.environ.get("HALIDE_AD_TIERED", "1") != "0" and jit_enabled()
+
+
+def _max_work() -> int:
+    return int(os.environ.get("HALIDE_AD_INTERPRET_MAX", DEFAULT_MAX_WORK))
+
+
+def _work(extents) -> int:
+    return math.prod(max(0, hi - lo) for lo, hi in extents)
+
+
+def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
+    """Whether the interpreter may run this program (and its gradient by `wrt`) on a first call."""
+    if not enabled():
+        return False
+    work = 0
+    for f in program.funcs:
+        points = math.prod(f.shape)
+        if isinstance(f.body, Reduce):
+            points *= _work((r.lo, r.hi) for r in f.body.rvars)
+        work += points
+        for n in walk(f.body):
+            index = getattr(n, "index", None)
+            if index is not None and any(checked_at_run_time(i) for i in index):
+                return False
+    if wrt:
+        for adjoint in reverse_mode(program, wrt):
+            work += sum(_work((r.lo, r.hi) for r in s.domain) for s in adjoint.scatters)
+    return work <= _max_work()
+
+
+def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The inputs and every Func's buffer (argindex buffers included), computed by numpy."""
+    return dict(inputs) | reference.evaluate(program, inputs) | {INTERPRETED: True}
+
+
+def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
+             cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{name: gradient} for `wrt`, from `forward`'s buffers, by running reverse mode's scatters."""
+    return reference.scatter_adjoints(program, wrt, buffers, cotangents)
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def in_background(job) -> Future:
+    """Run `job()` on the one compiling thread (numba compiles one function at a time anyway)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(1, thread_name_prefix="halide_ad-compile")
+        return _executor.submit(job)
+
+
+def settle() -> None:
+    """Wait for every compile started so far: calls from now on run kernels (benchmarks time
+    the steady state after this)."""
+    if _executor is not None:
+        in_background(lambda: None).result()
+
+
+def _forget_executor() -> None:
+    global _executor
+    _executor = None
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has no compiling thread
+    os.register_at_fork(after_in_child=_forget_executor)
+
+
+__all__ = ["INTERPRETED", "backward", "enabled", "forward", "in_background", "interpretable", "settle"]

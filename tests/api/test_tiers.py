@@ -1,0 +1,139 @@
+"""Tiered execution (halide_ad/tiered.py): first calls on the numpy interpreter while the
+kernels compile in the background, then the kernels; both tiers agree to rounding."""
+import threading
+
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from halide_ad import ops, tiered
+
+
+@pytest.fixture(autouse=True)
+def tiers_on(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_TIERED", "1")
+
+
+def _layer(x, w, b):
+    return ops.max_pool2d(ops.relu(ops.conv2d(x, w, b, stride=1, padding=1)), 2)
+
+
+def _blur(img):
+    c = hd.repeat_edge(img)
+    return hd.compute(img.shape, lambda y, x: (c[y - 1, x] + c[y, x - 1] + c[y, x] + c[y, x + 1]) / 4)
+
+
+def _softmax_loss(x, w):
+    return hd.sum(ops.softmax(x * w) * x)
+
+
+def _wait(traced):
+    for job in list(traced._jobs.values()):
+        job.result(timeout=600)
+
+
+TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fn, shapes", [(_layer, [(2, 3, 8, 8), (4, 3, 3, 3), (4,)]),
+                                        (_blur, [(9, 7)]),
+                                        (_softmax_loss, [(5, 16), (5, 16)])])
+def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype):
+    f = hd.func(fn)  # a new Function: nothing compiled in this process for it yet
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    traced, _ = f.trace(tuple(args), {})
+    first, vjp_first = hd.vjp(f, *args)
+    ct = rng.standard_normal(np.shape(first)).astype(dtype)
+    grads_first = vjp_first(ct)
+    if traced.interpreted.get("forward", 0) == 0:
+        pytest.skip("the kernels were on disk already: no interpreter tier to compare")
+    assert traced.interpreted[traced.float_args] >= 1
+    _wait(traced)
+    second, vjp_second = hd.vjp(f, *args)
+    grads_second = vjp_second(ct)
+    assert traced.interpreted["forward"] == 1 and traced.interpreted[traced.float_args] == 1
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(first, second, rtol=tol, atol=tol)
+    for a, b in zip(grads_first, grads_second, strict=True):
+        assert a.dtype == b.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+
+
+def test_value_and_grad_runs_both_passes_on_one_tier():
+    f = hd.func(_softmax_loss)
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((3, 8)), rng.standard_normal((3, 8))
+    vg = hd.value_and_grad(f, argnums=(0, 1))
+    value, (gx, gw) = vg(x, w)
+    traced, _ = f.trace((x, w), {})
+    _wait(traced)
+    value2, (gx2, gw2) = vg(x, w)
+    np.testing.assert_allclose(value, value2, rtol=1e-12)
+    np.testing.assert_allclose(gx, gx2, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gw, gw2, rtol=1e-12, atol=1e-12)
+    hd.check_grad(f, x, w)
+
+
+def test_data_dependent_reads_never_run_on_the_interpreter():
+    @hd.func
+    def take(x, idx):
+        return hd.compute(idx.shape, lambda i: x[idx[i]])
+
+    x = np.arange(5.0)
+    assert not tiered.interpretable(take.trace((x, np.array([0, 1])), {})[0].program)
+    with pytest.raises(hd.BoundsError):
+        take(x, np.array([0, 7]))
+
+
+def test_big_programs_compile_first(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_INTERPRET_MAX", "100")
+    f = hd.func(_blur)
+    x = np.ones((16, 16))
+    f(x)
+    traced, _ = f.trace((x,), {})
+    assert traced.interpreted == {} and "forward" in traced._compiled
+
+
+def test_tiers_off_waits_for_the_kernels(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")
+    f = hd.func(_blur)
+    x = np.ones((6, 6))
+    hd.grad(lambda v: hd.sum(f(v)))(x)
+    traced, _ = f.trace((x,), {})
+    assert traced.interpreted == {}
+
+
+def test_explain_says_which_tier_ran():
+    f = hd.func(_blur)
+    x = np.arange(12.0).reshape(3, 4)
+    f(x)
+    traced, _ = f.trace((x,), {})
+    report = str(hd.explain(f, x))
+    assert "-- tiers" in report
+    if traced.interpreted:
+        assert "interpreter" in report
+
+
+def test_threads_share_the_tiers():
+    f = hd.func(_blur)
+    x = np.random.default_rng(3).standard_normal((10, 10))
+    want = np.asarray(f(x))
+    results, errors = [], []
+
+    def call():
+        try:
+            for _ in range(20):
+                results.append(np.asarray(f(x)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for r in results:
+        np.testing.assert_allclose(r, want, rtol=1e-12)
