@@ -11,34 +11,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks import peers
+from benchmarks.child import run_json
 from benchmarks.selection import select_vjp_cases
 from benchmarks.timing import Timings
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def measure_in_subprocess(
     case_names: Sequence[str], *, repeat: int, small: bool
 ) -> dict[str, Timings | str]:
     """Each case's torch timings with THP_MEM_ALLOC_ENABLE=1, or the error it raised."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "torch_thp.json"
-        command = [sys.executable, "-m", "benchmarks.torch_thp", "--cases", ",".join(case_names),
-                   "--repeat", str(repeat), "--json", str(out)]
-        if small:
-            command.append("--small")
-        env = dict(os.environ, **{peers.THP_ENV: "1"})
-        subprocess.run(command, env=env, cwd=REPO_ROOT, check=True)
-        raw = json.loads(out.read_text())
+    arguments = ["--cases", ",".join(case_names), "--repeat", str(repeat)]
+    raw = run_json("benchmarks.torch_thp", arguments + (["--small"] if small else []),
+                   env=dict(os.environ, **{peers.THP_ENV: "1"}))
     return {name: value if isinstance(value, str) else Timings.from_dict(value)
             for name, value in raw.items()}
 

@@ -35,14 +35,13 @@ import numpy as np
 import halide_ad as hd  # imported before any timing, as a user's process would have
 from benchmarks import peers
 from benchmarks.calls import CallCase
+from benchmarks.child import run_json
 from benchmarks.cases import Case
 from benchmarks.checks import compare_arrays
 from benchmarks.everyday import FirstCall
 from benchmarks.runner import PEERS, Row
 from benchmarks.selection import select
 from benchmarks.timing import time_once
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @numba.njit(cache=True)
@@ -96,11 +95,7 @@ def measure_cold(first_call: FirstCall, *, small: bool, peer_names: Sequence[str
 
 
 def _run(arguments: list[str], *, env: dict[str, str] | None = None) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "warm_start.json"
-        command = [sys.executable, "-m", "benchmarks.warm_start", *arguments, "--json", str(out)]
-        subprocess.run(command, cwd=REPO_ROOT, check=True, env=env)
-        return json.loads(out.read_text())
+    return run_json("benchmarks.warm_start", arguments, env=env)
 
 
 def _first_calls(library: str, case: Case, inputs: list[np.ndarray],
