@@ -4,6 +4,10 @@ Prints markdown tables, writes JSON (--json), and exits with status 1 when a lib
 halide_ad's values differ from a peer's. `--small` runs tiny shapes: a smoke test of the runner
 and of halide_ad's correctness on every case, not a measurement.
 
+The kernel cases' backward passes also get their peak memory, each library in a fresh process per
+case (`benchmarks.memory`, about 5-10 s a process at full size; `--no-memory` skips the step, and
+`--small` runs it on the first kernel case only).
+
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
 resampling and dense gradients) and `everyday` (elementwise math, softmax, layer norm, a small
 layer, dispatch, a training step, the first call on empty caches), e.g.
@@ -23,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks import peers, warm_start
+from benchmarks import memory, peers, warm_start
 from benchmarks.bounds import measure_machine
 from benchmarks.calls import CallCase, run_call_case
 from benchmarks.cases import Case
@@ -47,6 +51,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON,
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--markdown", type=Path, help="also write the markdown table here")
+    parser.add_argument("--no-memory", dest="memory", action="store_false",
+                        help="skip the kernel cases' backward peak memory (a fresh process per "
+                        "case and library)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -93,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cases and "torch" in peer_names:
         failure = add_thp_timings(results, repeat=args.repeat, small=args.small)
         notes += [failure] if failure else []
+    if args.memory:
+        kernel_names = {case.name for case in GROUPS["kernels"]}
+        add_memory([r for r in results if r.name in kernel_names], peer_names, small=args.small,
+                   notes=notes)
     cold_rows = {case.name: warm_start.measure_cold(case, small=args.small, peer_names=peer_names)
                  for case in args.cases if isinstance(case, FirstCall)}
     other_rows: dict[str, Row] = {**call_rows, **cold_rows}
@@ -118,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            descriptions=descriptions)
     print(markdown)
     settings = {"cases": [c.name for c in args.cases], "repeat": args.repeat, "small": args.small,
+                "memory": args.memory,
                 "threads": threads, "peers": peer_names, "load_average_1min": load,
                 "warm_cache_floor_s": floor}
     args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes,
@@ -156,6 +168,32 @@ def add_warm_start(results: Sequence[CaseResult], call_rows: dict[str, Row],
     except subprocess.CalledProcessError as error:
         notes.append(f"The warm-cache first-call run failed ({error}).")
         return {}
+
+
+def add_memory(results: Sequence[CaseResult], peer_names: Sequence[str], *, small: bool,
+               notes: list[str]) -> None:
+    """Each library's backward footprint on each of `results` (on the first only, under --small),
+    each from a fresh process (see `benchmarks.memory`), into `result.memory`."""
+    if not memory.supported():
+        notes.append("This system does not let a process reset its peak RSS (/proc/self/clear_refs, "
+                     "Linux 4.0 and later): the backward's memory was not measured.")
+        return
+    measured = [r for r in results if r.backward][:1 if small else None]
+    if small and measured:
+        notes.append(f"--small: the backward's memory was measured on {measured[0].name} only, at "
+                     "its tiny shape: a smoke test of that step.")
+    for result in measured:
+        for library in ("halide_ad", *peer_names):
+            if library in result.errors:
+                continue
+            try:
+                footprint = memory.measure_in_subprocess(result.name, library, small=small)
+            except subprocess.CalledProcessError as error:
+                result.errors[f"{library} (memory)"] = str(error)
+                continue
+            result.memory[library] = footprint
+            print(f"[{result.name}] {library}: backward peak memory {footprint.peak:.3g} MiB",
+                  file=sys.stderr)
 
 
 def _description(case: Case | CallCase | FirstCall, *, small: bool) -> str:

@@ -3,7 +3,9 @@
 Ratios (computed once, in `ratios`, for both):
 * `peer_speedup` = the best peer's backward / halide_ad's backward (above 1: halide_ad is faster);
 * `over_bound` = halide_ad's backward / the case's lower bound (at least 1);
-* `backward_over_forward` = halide_ad's backward / its forward.
+* `backward_over_forward` = halide_ad's backward / its forward;
+* `memory_over_torch` = halide_ad's backward peak memory / PyTorch's (at most 1: halide_ad needs no
+  more memory than PyTorch).
 
 The everyday cases get a table of their own, one row per pass (`Row`): forward, backward, a whole
 call, a training step, a first call on empty caches; each with `best peer / halide_ad` and, where
@@ -44,11 +46,28 @@ METHODS = {
     "XLA sizes its own thread pool.",
 }
 
+MEMORY_METHOD = (
+    "Backward peak memory (benchmarks/memory.py): one fresh process per case and library builds "
+    "the inputs and cotangent, runs the forward with residuals and the backward twice to compile "
+    "and warm up, and drops them; runs the forward with residuals again and keeps them "
+    "(halide_ad: `out, vjp_fn = hd.vjp(f, *inputs)`; PyTorch, default allocator: the graph "
+    "built with requires_grad; JAX: the jitted `jax.vjp`'s output and residuals); hands back free "
+    "memory (gc, halide_ad's buffer pool emptied of the arrays it keeps for reuse, glibc "
+    "malloc_trim) and reads the resident set size (RSS) as the baseline; then calls the backward "
+    "twice, dropping each result. The figure is the peak RSS over those two calls minus the "
+    "baseline: the gradients, the backward's temporaries, and what it keeps between calls "
+    "(halide_ad's pool, an allocator's free lists), as in a training loop that drops each "
+    "step's gradients. The peak is the kernel's high-water mark (VmHWM, reset through "
+    "/proc/self/clear_refs), not sampled. The JSON splits it into held (kept between the two "
+    "calls) and transient (added by the second call on top)."
+)
+
 
 def ratios(result: CaseResult, bounds: MachineBounds) -> dict[str, float | None]:
     ours = result.timings.get("halide_ad")
     if ours is None or ours.backward is None:  # failed, or a case measured forward only
-        return {"peer_speedup": None, "over_bound": None, "backward_over_forward": None}
+        return {"peer_speedup": None, "over_bound": None, "backward_over_forward": None,
+                "memory_over_torch": None}
     backward = ours.backward.median_ms
     peer_backwards = [result.timings[p].backward.median_ms for p in PEERS
                       if p in result.timings and result.timings[p].backward is not None]
@@ -56,7 +75,15 @@ def ratios(result: CaseResult, bounds: MachineBounds) -> dict[str, float | None]
         "peer_speedup": min(peer_backwards) / backward if peer_backwards else None,
         "over_bound": backward / bounds.lower_bound_ms(result.cost),
         "backward_over_forward": backward / ours.forward.median_ms,
+        "memory_over_torch": _memory_ratio(result),
     }
+
+
+def _memory_ratio(result: CaseResult) -> float | None:
+    ours, torch = result.memory.get("halide_ad"), result.memory.get("torch")
+    if ours is None or torch is None or torch.peak <= 0:
+        return None
+    return ours.peak / torch.peak
 
 
 def _versions() -> dict[str, str | None]:
@@ -104,6 +131,7 @@ def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: d
                 "ratios": ratios(r, bounds),
                 "errors": r.errors,
                 "halide_ad_warm_cache_first_call_s": r.warm_start_s,
+                "backward_memory_mib": {library: asdict(m) for library, m in r.memory.items()},
             }
             for r in results
         ],
@@ -171,6 +199,29 @@ def _backward_table(results: Sequence[CaseResult], bounds: MachineBounds,
     return _table(header, rows)
 
 
+def _memory_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> list[str]:
+    header = ["case", "gradients", "halide_ad", *(PEER_TITLES[p] for p in peer_names),
+              *(["halide_ad / PyTorch"] if "torch" in peer_names else [])]
+    rows = []
+    for r in results:
+        if not r.memory:
+            continue
+        gradients = next(iter(r.memory.values())).gradients
+        cells = [_mib(r.memory[library].peak) if library in r.memory else
+                 "error" if f"{library} (memory)" in r.errors else "–"
+                 for library in ("halide_ad", *peer_names)]
+        if r.mismatch and "halide_ad" in r.memory:
+            cells[0] = "✗"
+        ratio = [] if "torch" not in peer_names else [
+            "–" if r.mismatch else _ratio(_memory_ratio(r))]
+        rows.append([r.name, _mib(gradients), *cells, *ratio])
+    return _table(header, rows)
+
+
+def _mib(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _forward_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> list[str]:
     compiled = ["halide_ad", *(p for p in peer_names if p == "jax")]  # torch compiles nothing
     header = ["case", "halide_ad fwd", *(f"{PEER_TITLES[p]} fwd" for p in peer_names),
@@ -204,6 +255,15 @@ def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat:
             *_forward_table(results, peer_names),
             "",
         ]
+    if any(r.memory for r in results):
+        lines += [
+            "Backward pass, peak memory, MiB: what one backward call adds to the resident memory "
+            "of a process holding its inputs and residuals, steady state, gradients included "
+            "(gradients: their size); a fresh process per case and library (see the notes).",
+            "",
+            *_memory_table(results, peer_names),
+            "",
+        ]
     if everyday:
         lines += [
             f"Everyday programs: medians of {repeat} runs after warm-up, float32, {threads} "
@@ -227,6 +287,7 @@ def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat:
         "* best peer / halide_ad above 1 means halide_ad is faster; ✗ marks a halide_ad "
         "result that differs from the reference peer's, whose time is withheld.",
         *(f"* {METHODS[library]}" for library in ("halide_ad", *peer_names)),
+        *([f"* {MEMORY_METHOD}"] if any(r.memory for r in results) else []),
         *(f"* {method}" for method in (EVERYDAY_METHODS if everyday else ())),
         *(f"* {note}" for note in notes),
     ]

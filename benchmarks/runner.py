@@ -16,6 +16,7 @@ from benchmarks import peers
 from benchmarks.bounds import Cost, Shape, forward_cost
 from benchmarks.cases import Case
 from benchmarks.checks import Check, compare_arrays
+from benchmarks.memory import Footprint
 from benchmarks.ours import measure_halide_ad
 from benchmarks.timing import Measurement, Timings
 
@@ -38,6 +39,7 @@ class CaseResult:
     reference: str | None = None  # the peer halide_ad was checked against
     errors: dict[str, str] = field(default_factory=dict)  # library -> exception
     warm_start_s: dict[str, float] = field(default_factory=dict)  # halide_ad's first calls, warm cache
+    memory: dict[str, Footprint] = field(default_factory=dict)  # library -> backward's footprint
 
     def add_torch_variant(self, timings: Timings) -> None:
         """Record one allocator setting's timings; torch's entry becomes the faster backward (the
