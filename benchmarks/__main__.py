@@ -5,8 +5,8 @@ halide_ad's values differ from a peer's. `--small` runs tiny shapes: a smoke tes
 and of halide_ad's correctness on every case, not a measurement.
 
 The kernel cases' backward passes also get their peak memory, each library in a fresh process per
-case (`benchmarks.memory`, about 5-10 s a process at full size; `--no-memory` skips the step, and
-`--small` runs it on the first kernel case only).
+case (`benchmarks.memory`: 27 processes of 4-15 s for the nine cases at full size; `--no-memory`
+skips the step, and `--small` runs it on the first kernel case only).
 
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
 resampling and dense gradients) and `everyday` (elementwise math, softmax, layer norm, a small

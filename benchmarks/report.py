@@ -58,8 +58,10 @@ MEMORY_METHOD = (
     "baseline: the gradients, the backward's temporaries, and what it keeps between calls "
     "(halide_ad's pool, an allocator's free lists), as in a training loop that drops each "
     "step's gradients. The peak is the kernel's high-water mark (VmHWM, reset through "
-    "/proc/self/clear_refs), not sampled. The JSON splits it into held (kept between the two "
-    "calls) and transient (added by the second call on top)."
+    "/proc/self/clear_refs), not sampled; Linux sums its per-CPU page counts lazily, so a "
+    "figure written by several threads may be off by a few hundred KiB here (the counters' batch "
+    "times the CPU count), and a ratio within 1% of 1 is a tie. The JSON splits the figure into "
+    "held (kept between the two calls) and transient (added by the second call on top)."
 )
 
 
