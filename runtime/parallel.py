@@ -141,8 +141,17 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     OpenBLAS's own threads spin for up to ~0.1 s after a product, holding the second core that
     the next kernel's threads need (conv2d stride 2's gradient: its copies after BLAS took 4.3
     ms instead of 2.5). A single product stays with BLAS's threads, which share its packed
-    operands: split by rows on ours, dense's gradient ran 13.4-16.5 ms against 12.7."""
-    if len(out) <= 1 or numba.get_num_threads() <= 1 or out.size * a.shape[2] < SMALL_MATMUL:
+    operands: split by rows on ours, dense's gradient ran 13.4-16.5 ms against 12.7.
+
+    A small product (below SMALL_MATMUL multiply-adds, tens of microseconds) runs on the calling
+    thread alone: OpenBLAS splits even a 256x64x32 product over its threads, and on a busy
+    machine the hand-off waits for a time slice of another core. That product took 7-8 ms
+    instead of 0.012 in some processes, and was most of the digits training step."""
+    if out.size * a.shape[2] < SMALL_MATMUL:
+        with _one_blas_thread():
+            np.matmul(a, b, out=out)
+        return
+    if len(out) <= 1 or numba.get_num_threads() <= 1:
         np.matmul(a, b, out=out)
         return
 
@@ -172,9 +181,9 @@ def _one_blas_thread():
     global _blas_users, _blas_before
     with _blas_lock:
         if _blas_users == 0:
-            _blas_before = [lib.num_threads for lib in _blas_libraries()]
-            for lib in _blas_libraries():
-                lib.set_num_threads(1)
+            _blas_before = [get() for get, _ in _blas_libraries()]
+            for _, set_ in _blas_libraries():
+                set_(1)
         _blas_users += 1
     try:
         yield
@@ -182,8 +191,8 @@ def _one_blas_thread():
         with _blas_lock:
             _blas_users -= 1
             if _blas_users == 0:
-                for lib, n in zip(_blas_libraries(), _blas_before):
-                    lib.set_num_threads(n)
+                for (_, set_), n in zip(_blas_libraries(), _blas_before, strict=True):
+                    set_(n)
 
 
 _blas_lock = threading.Lock()
@@ -192,8 +201,16 @@ _blas_before: list[int] = []
 
 
 @functools.cache
-def _blas_libraries() -> list:
-    return [lib for lib in threadpoolctl.ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+def _blas_libraries() -> list[tuple]:
+    """(get, set) of each BLAS library's thread count. OpenBLAS's `set_num_threads` in
+    threadpoolctl obeys only the first Python thread that called it while that thread lives,
+    and does nothing for any other: a tiered program's first gradient runs on the background
+    compile thread (halide_ad/tiered.py), which then held that right, and the calling thread's
+    small products ran on BLAS's threads after all (7-8 ms for 0.012). The count is the whole
+    process's either way; `_blas_users` keeps our own threads from fighting over it."""
+    libraries = threadpoolctl.ThreadpoolController().lib_controllers
+    return [(lib.get_num_threads, getattr(lib, "_real_set_num_threads", lib.set_num_threads))
+            for lib in libraries if lib.user_api == "blas"]
 
 
 def _each(iteration, lo: int, hi: int, *args) -> None:

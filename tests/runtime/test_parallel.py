@@ -4,10 +4,12 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 
 import numba
 import numpy as np
 import pytest
+import threadpoolctl
 from halide_ad.runtime import parallel
 from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, COARSE, _noalias, copy_all, kernel, matmul, parallel_for
 
@@ -161,27 +163,80 @@ def test_matmul_on_the_kernel_threads_equals_numpy(threads, shapes, monkeypatch)
     a, b = (rng.standard_normal(s) for s in shapes)
     b = b.transpose(0, 2, 1).copy().transpose(0, 2, 1)  # a strided operand, as contractions pass
     out = np.full((max(len(a), len(b)), a.shape[1], b.shape[2]), np.nan)
-    before = [lib.num_threads for lib in parallel._blas_libraries()]
+    before = _blas_threads()
     matmul(a, b, out)
     np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-12)
-    assert [lib.num_threads for lib in parallel._blas_libraries()] == before
+    assert _blas_threads() == before
+
+
+def _blas_threads() -> list[int]:
+    return [get() for get, _ in parallel._blas_libraries()]
 
 
 def test_overlapping_products_restore_the_blas_thread_count():
     """Gradients on two user threads overlap: the second enters while the first holds BLAS at one
     thread, and the first leaves before the second. BLAS stays at one thread until the last one
     leaves, then has the count both found before."""
-    libraries = parallel._blas_libraries()
-    if not libraries:
+    if not parallel._blas_libraries():
         pytest.skip("threadpoolctl finds no BLAS library")
-    before = [lib.num_threads for lib in libraries]
+    before = _blas_threads()
     first, second = parallel._one_blas_thread(), parallel._one_blas_thread()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)
-    assert [lib.num_threads for lib in libraries] == [1] * len(libraries)
+    assert _blas_threads() == [1] * len(before)
     second.__exit__(None, None, None)
-    assert [lib.num_threads for lib in libraries] == before
+    assert _blas_threads() == before
+
+
+def test_a_thread_that_set_blas_threads_first_does_not_keep_the_calling_thread_from_it():
+    """A tiered program's first gradient runs on the background compile thread, which lives on:
+    threadpoolctl would obey only that thread afterwards. The calling thread's small products
+    must still run BLAS on one thread."""
+    if not parallel._blas_libraries():
+        pytest.skip("threadpoolctl finds no BLAS library")
+    before = _blas_threads()
+    entered, leave = threading.Event(), threading.Event()
+
+    def background():
+        for lib in threadpoolctl.ThreadpoolController().lib_controllers:
+            if lib.user_api == "blas":  # threadpoolctl's control (where it keeps one) goes to this thread
+                clear = getattr(type(lib), "clear_controlling_thread", None)
+                if clear is not None:
+                    clear(force=True)
+                lib.set_num_threads(lib.num_threads)
+        entered.set()
+        leave.wait(10)
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    try:
+        entered.wait(10)
+        with parallel._one_blas_thread():
+            assert _blas_threads() == [1] * len(before)
+        assert _blas_threads() == before
+    finally:
+        leave.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_matmul_on_one_blas_thread_equals_numpy(dtype, monkeypatch):
+    """A product below SMALL_MATMUL (the digits step's 256x64x32, its right operand transposed)
+    runs with BLAS held to the calling thread, gives numpy's product, and leaves the count as
+    it was."""
+    counts = []
+    real = np.matmul
+    monkeypatch.setattr(parallel.np, "matmul", lambda *a, **k: counts.append(_blas_threads()) or real(*a, **k))
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1, 256, 64)).astype(dtype)
+    b = rng.standard_normal((32, 64)).astype(dtype).T[None]
+    out = np.full((1, 256, 32), np.nan, dtype)
+    before = _blas_threads()
+    matmul(a, b, out)
+    np.testing.assert_allclose(out, real(a, b), rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert counts == [[1] * len(before)]
+    assert _blas_threads() == before
 
 
 FORKED = """
