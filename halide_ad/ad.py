@@ -129,6 +129,17 @@ def differentiable_buffers(program: Program, wrt: tuple[str, ...]) -> set[str]:
     return live | set(wrt)
 
 
+def without_unused_argindex(program: Program) -> Program:
+    """`program`, its max and min reductions that no gradient can reach (not an output, read only
+    under hd.stop_gradient, as softmax's row maximum) marked so that they keep no argindex: they
+    then run as plain maxima, without the branch on every element that records where."""
+    read = {load.buffer for f in program.funcs for load in _loads(f)} | set(program.outputs)
+    if not any(f.keeps_argindex and f.name not in read for f in program.funcs):
+        return program
+    return replace(program, funcs=tuple(replace(f, argindex=False) if f.keeps_argindex and f.name not in read
+                                        else f for f in program.funcs))
+
+
 def _loads(f: Func) -> list[Load]:
     """The loads in `f` that a gradient can flow through: not those under hd.stop_gradient."""
     out, stack = [], [f.body]
@@ -168,6 +179,8 @@ def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:
             case "sum":
                 pass
             case "max" | "min":  # only the first extremal element receives the gradient
+                if not f.keeps_argindex:
+                    raise InternalError(f"a gradient reached {f.name}, marked as reached by none")
                 conds.append(Bin(Op.EQ, flat_index(body.rvars), Load(argindex_name(f.name), f.vars, f.argindex_dtype)))
                 inner = _at_extremum(inner, f)
             case "prod":  # the product of the other elements: no division, so zeros are fine

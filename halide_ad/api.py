@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from halide_ad import ir, tiered
+from halide_ad.ad import without_unused_argindex
 from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
                                 compile_gradient)
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
@@ -369,7 +370,8 @@ class Function:
                 if leaf.name in outputs or leaf.name in {b.name for b in state.inputs}:
                     leaf = _copy(leaf)  # every output gets a buffer of its own
                 outputs.append(leaf.name)
-        program = ir.Program(state.name, tuple(state.inputs), _live_funcs(state.funcs, outputs), tuple(outputs))
+        program = without_unused_argindex(
+            ir.Program(state.name, tuple(state.inputs), _live_funcs(state.funcs, outputs), tuple(outputs)))
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
         return Traced(program, rebuild, arg_names, [k for k, _ in classified])
 

@@ -18,7 +18,7 @@ from halide_ad.errors import BoundsError, ShapeError
 from halide_ad.ir import (Bin, Buffer, Call, Expr, Load, Op, Program, Reduce, Scatter, Select, Var,
                           adjoint_name, argindex_name, const, dtype_of, is_float)
 from halide_ad.runtime.buffers import MIN_POOLED_BYTES, pool
-from halide_ad.runtime.codegen import emit_backward, emit_forward, split_reduction
+from halide_ad.runtime.codegen import emit_backward, emit_forward, settings as codegen_settings, split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction, formula, tap_product_vars
 from halide_ad.runtime.fusion import inline_stages
@@ -366,7 +366,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
             entry = f"backward{len(sources)}"
             mine = private & {adjoint_name(p.adjoint.buffer) for p in segment}
             key = ("emit_backward", program, tuple(segment), entry, tuple(sorted(mine)),
-                   temporaries)  # scheduling asks z3 too
+                   temporaries, codegen_settings())  # scheduling asks z3 too
             emit = functools.partial(emit_backward, program, list(segment), entry, frozenset(mine),
                                      temporaries)
             source, params, checks = disk_cache.cached(key, emit)

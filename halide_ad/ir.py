@@ -152,6 +152,7 @@ class Func:
     body: Expr
     dtype: str
     loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+    argindex: bool = True  # False: no gradient can reach this Func (`ad.without_unused_argindex`)
 
     @property
     def buffer(self) -> Buffer:
@@ -164,7 +165,7 @@ class Func:
     @property
     def keeps_argindex(self) -> bool:
         """max/min reductions store where the extremum was, for their gradient."""
-        return isinstance(self.body, Reduce) and self.body.op in ("max", "min")
+        return self.argindex and isinstance(self.body, Reduce) and self.body.op in ("max", "min")
 
 
     @property

@@ -34,7 +34,7 @@ _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "che
              "tap", "start", "stop",
              "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
 # hoisted loads and indices, literals, tables, staged adjoints
-_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|(acc|red\d+)_lane\d")
+_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|col\d+(_block)?|(acc|red\d+)_lane\d")
 
 
 @dataclass
@@ -226,15 +226,16 @@ def _lane_var(r: Reduce) -> Range | None:
     them keep the adder busy. Deterministic: the split depends on the extent only. (A masked sum
     keeps one total.)"""
     rv = r.rvars[-1] if r.rvars else None
-    if (rv is None or r.op not in ("sum", "prod") or not is_float(dtype_of(r)) or r.where is not None
+    if (rv is None or r.op not in ("sum", "prod", "max", "min") or not is_float(dtype_of(r)) or r.where is not None
             or rv.hi - rv.lo < 2 * LANES or not _unit_stride(r.body, rv.var)):
         return None
     return rv
 
 
 def _emit_accumulation(w: Writer, em: Emitter, r: Reduce, acc: str) -> None:
-    """`acc` = the sum or product `r`, in its accumulator's dtype (`accumulator_dtype`)."""
-    op = {"sum": "+", "prod": "*"}[r.op]
+    """`acc` = the sum or product `r`, in its accumulator's dtype (`accumulator_dtype`), or the
+    max or min `r` of a Func that keeps no argindex (numpy's NaN rule, `vmath.maximum`)."""
+    op = {"sum": "{} + {}", "prod": "{} * {}", "max": "vmath.maximum({}, {})", "min": "vmath.minimum({}, {})"}[r.op]
     init = reduce_init(r, em, accumulator_dtype(r.op, dtype_of(r), _terms(r)))
     lane = _lane_var(r)
     lanes = [acc] + [f"{acc}_lane{q}" for q in range(1, LANES)] if lane is not None else [acc]
@@ -243,16 +244,16 @@ def _emit_accumulation(w: Writer, em: Emitter, r: Reduce, acc: str) -> None:
     depth = w.depth
     _open_reduction(w, em, r.rvars if lane is None else r.rvars[:-1], r.where)
     if lane is None:
-        w.line(f"{acc} = {acc} {op} {em.expr(r.body)}")
+        w.line(f"{acc} = {op.format(acc, em.expr(r.body))}")
     else:
         v, whole = em.name(lane.var), lane.lo + (lane.hi - lane.lo) // LANES * LANES
         with w.block(f"for {v} in range({lane.lo}, {whole}, {LANES}):"):
             for q, name in enumerate(lanes):
                 shifted = substitute(r.body, {lane.var: Bin(Op.ADD, lane.var, Const(q, INDEX_DTYPE))})
-                w.line(f"{name} = {name} {op} {em.expr(simplify(shifted))}")
+                w.line(f"{name} = {op.format(name, em.expr(simplify(shifted)))}")
         if whole < lane.hi:
             with w.block(f"for {v} in range({whole}, {lane.hi}):"):
-                w.line(f"{acc} = {acc} {op} {em.expr(r.body)}")
+                w.line(f"{acc} = {op.format(acc, em.expr(r.body))}")
     w.depth = depth
     if lane is not None:
         w.line(f"{acc} = {_pairwise(lanes, op)}")
@@ -269,9 +270,11 @@ def _open_reduction(w: Writer, em: Emitter, rvars: tuple[Range, ...], where: Exp
 
 
 def _pairwise(names: list[str], op: str) -> str:
-    """((a + b) + (c + d)) + ...: the lanes combined in a fixed tree."""
+    """((a + b) + (c + d)) + ...: the lanes combined in a fixed tree. `op` is "+" or "*", or a
+    format with two places ("{} + {}")."""
+    form = op if "{}" in op else f"{{}} {op} {{}}"
     while len(names) > 1:
-        names = [f"({a} {op} {b})" for a, b in zip(names[::2], names[1::2])] + names[len(names) // 2 * 2:]
+        names = [f"({form.format(a, b)})" for a, b in zip(names[::2], names[1::2])] + names[len(names) // 2 * 2:]
     return names[0]
 
 
@@ -279,10 +282,20 @@ def _is_power_of_two(k) -> bool:
     return isinstance(k, int) and not isinstance(k, bool) and k > 0 and k & (k - 1) == 0
 
 
+PARALLEL_MIN_POINTS = 1 << 17
+
+
 def _parallel_min_points() -> int:
-    """Below this many points a loop nest runs serially: threads cost more than they save there. Set with
-    HALIDE_AD_PARALLEL_MIN_POINTS (0: every loop nest with more than one point is parallel)."""
-    return int(os.environ.get("HALIDE_AD_PARALLEL_MIN_POINTS", str(1 << 14)))
+    """Below this many points a loop nest runs serially: threads cost more than they save there
+    (handing chunks to the pool and waiting for them takes ~50 us: x * w + x over 64K float32
+    took 70 us on two threads, 15 us on one). Set with HALIDE_AD_PARALLEL_MIN_POINTS (0: every
+    loop nest with more than one point is parallel)."""
+    return int(os.environ.get("HALIDE_AD_PARALLEL_MIN_POINTS", str(PARALLEL_MIN_POINTS)))
+
+
+def settings() -> tuple:
+    """The environment settings that change generated code: keys of cached code include them."""
+    return (_parallel_min_points(),)
 
 
 def _parallel_dim(shape: tuple[int, ...], terms: float = 1) -> int | None:
@@ -461,7 +474,7 @@ def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
 def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
     r: Reduce = f.body
     result = "arg" if r.op in ("argmax", "argmin") else "acc"
-    if r.op in ("sum", "prod"):
+    if r.op in ("sum", "prod") or r.op in ("max", "min") and not f.keeps_argindex:
         _emit_accumulation(w, em, r, "acc")
     else:
         _emit_extremum(w, em, r)
@@ -621,7 +634,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             guarded.depth = w.depth
             like: dict[tuple[Load, ...], float] = {}
             for g in gs:
-                _emit_gather(guarded, em, g, like, adj.dtype)
+                _emit_gather(guarded, em, g, like, adj.dtype, "float64" if _wide_gathers(gs, adj) else adj.dtype)
             sums = _weighted_sums(em, [(" * ".join(em.expr(x) for x in loads), scale)
                                        for loads, scale in like.items()] + list(terms), adj.dtype)
             # the first sum starts acc where it is of acc's dtype (the terms' may not be)
@@ -1063,12 +1076,13 @@ def _weighted_sums(em: Emitter, terms: list[tuple[str, float]], dtype: str) -> l
     return sums
 
 
-def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str) -> None:
+def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str,
+                 acc_dtype: str) -> None:
     """The gather's pieces, but those read unconditionally as a constant times loads of `dtype`:
     these go into `like`, the constant summed per product of loads, which the caller emits once
     (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
     bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
-    every operation)."""
+    every operation). A long innermost loop adds into LANES partial sums (`_piece_lane`)."""
     _describe(w, g)
     for piece in g.pieces:
         product = None if piece.loops or any(piece.guards) else factors(piece.value)
@@ -1089,8 +1103,50 @@ def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float],
             if guards:
                 w.line(f"if {' and '.join(em.expr(c) for c in guards)}:")
                 w.depth += 1
-        w.line(f"acc += {em.expr(piece.value)}")
+            if level == len(piece.loops) - 1 and _piece_lane(piece) is not None:
+                _emit_lanes(w, em, piece, acc_dtype)
+                break
+        else:
+            w.line(f"acc += {em.expr(piece.value)}")
         w.depth = depth
+
+
+def _piece_lane(piece) -> Range | None:
+    """A piece's innermost loop, where it adds into LANES partial sums (`_lane_var`'s reasons):
+    constant bounds, at least two rounds, no guard inside it, reads stepping by one with it.
+    The adjoint of a sum over a row (softmax's, layer norm's) ran as one chain of dependent
+    float64 adds, 2-3x slower than the bandwidth allows."""
+    if not piece.loops or piece.guards[-1] or (piece.single and piece.single[-1]):
+        return None
+    loop = piece.loops[-1]
+    lo, hi = _constant(loop.lo), _constant(loop.hi)
+    if lo is None or hi is None or hi - lo < 2 * LANES:
+        return None
+    return loop if _unit_stride(piece.value, loop.var) else None
+
+
+def _constant(e) -> int | None:
+    return e if isinstance(e, int) else e.value if isinstance(e, Const) else None
+
+
+def _emit_lanes(w: Writer, em: Emitter, piece, acc_dtype: str) -> None:
+    """`acc +=` the piece's innermost loop (`_piece_lane`), as LANES partial sums combined in a
+    fixed tree, then the loop's remainder: deterministic, the split depends on the extent only."""
+    loop = piece.loops[-1]
+    lo, hi = _constant(loop.lo), _constant(loop.hi)
+    whole = lo + (hi - lo) // LANES * LANES
+    lanes = [f"acc_lane{q}" for q in range(LANES)]
+    for name in lanes:
+        w.line(f"{name} = {em.const(0, acc_dtype)}")
+    v = em.name(loop.var)
+    with w.block(f"for {v} in range({lo}, {whole}, {LANES}):"):
+        for q, name in enumerate(lanes):
+            shifted = simplify(substitute(piece.value, {loop.var: Bin(Op.ADD, loop.var, Const(q, INDEX_DTYPE))}))
+            w.line(f"{name} += {em.expr(shifted)}")
+    w.line(f"acc += {_pairwise(lanes, '+')}")
+    if whole < hi:
+        with w.block(f"for {v} in range({whole}, {hi}):"):
+            w.line(f"acc += {em.expr(piece.value)}")
 
 
 def _gather_terms(gathers, shape: tuple[int, ...]) -> float:
@@ -1135,11 +1191,23 @@ def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     k, n = em.name(vars_[-1]), shape[-1]
     store = em.index(name, vars_, name)
     row = None if dtype == adj.dtype else w.temp("row")
-    acc = store if row is None else f"{row}[{k}]"
-    _open_rows(w, em, vars_, shape, _parallel_dim(shape[:-1], _gather_terms(gathers, shape) * n), row, dtype)
+    terms = _gather_terms(gathers, shape) * n
+    columns = f"0, {n}"
+    blocks = _column_blocks(shape, terms)
+    if blocks is None:
+        acc = store if row is None else f"{row}[{k}]"
+        _open_rows(w, em, vars_, shape, _parallel_dim(shape[:-1], terms), row, dtype)
+    else:  # a 1-D adjoint (a gain's or a bias's): blocks of columns in parallel
+        block, lo = -(-n // blocks), w.temp("col")
+        _open_loop(w, f"{lo}_block", f"0, {blocks}", True)
+        w.line(f"{lo} = {lo}_block * {block}")
+        columns = f"{lo}, min({lo} + {block}, {n})"
+        if row is not None:
+            w.line(f"{row} = np.empty({block}, np.{dtype})")
+        acc = store if row is None else f"{row}[{k} - {lo}]"
     first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
     first += [em.expr(p.value) for p in pieces if not p.loops]
-    with w.block(f"for {k} in range(0, {n}):"):
+    with w.block(f"for {k} in range({columns}):"):
         w.line(f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
     for g in gathers:
         _describe(w, g)
@@ -1150,13 +1218,27 @@ def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
             for loop in p.loops:
                 w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
                 w.depth += 1
-            with w.block(f"for {k} in range(0, {n}):"):
+            with w.block(f"for {k} in range({columns}):"):
                 w.line(f"{acc} = {acc} + {em.expr(p.value)}")
             w.depth = depth
     if row is not None:
-        with w.block(f"for {k} in range(0, {n}):"):
+        with w.block(f"for {k} in range({columns}):"):
             w.line(f"{store} = {acc}")
     w.depth = outer
+
+
+COLUMN_BLOCK = 128  # the fewest columns a thread takes of a 1-D adjoint run a row at a time
+COLUMN_BLOCKS = 16  # the most blocks it splits into (parallel_for hands them to the threads)
+
+
+def _column_blocks(shape: tuple[int, ...], terms: float) -> int | None:
+    """How many blocks of columns a 1-D adjoint run a row at a time splits into, to run in
+    parallel; None for serial (short, or not 1-D: those run in parallel over their rows). Each
+    column adds its terms in the same order either way, so the bits do not change. A layer
+    norm's gain gradient (4096 rows of 1024) ran on one thread."""
+    if len(shape) != 1 or shape[0] < 2 * COLUMN_BLOCK or terms < _parallel_min_points():
+        return None
+    return min(shape[0] // COLUMN_BLOCK, COLUMN_BLOCKS)
 
 
 def _describe(w: Writer, c) -> None:

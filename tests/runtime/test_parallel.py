@@ -83,7 +83,9 @@ def test_kernels_mark_arrays_noalias():
     assert _noalias() == {"noalias": True}
 
 
-def test_generated_kernels_run_their_loops_through_parallel_for():
+def test_generated_kernels_run_their_loops_through_parallel_for(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", str(2**14))
+
     @hd.func
     def blur(x):
         e = hd.repeat_edge(x)

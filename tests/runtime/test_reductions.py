@@ -213,3 +213,71 @@ def test_a_row_gradient_of_an_output_starts_from_its_cotangent(rng):
     sech2 = 1 - np.tanh(x * 2 * g0) ** 2
     np.testing.assert_allclose(dx, ct_y * sech2 * 2 * g0, rtol=1e-12)
     np.testing.assert_allclose(dg0, 2 * (ct_g + (ct_y * sech2 * x).sum(axis=0)), rtol=1e-12)
+
+
+# ---- gradients that sum over a row or down the columns ---------------------------------------------
+
+@hd.func
+def _softmax(x):
+    return ops.softmax(x)
+
+
+@hd.func
+def _layer_norm(x, g, b):
+    return ops.layer_norm(x, g, b)
+
+
+@pytest.mark.parametrize("columns", [2 * LANES, 8 * LANES + 3])
+def test_a_gradient_summing_over_a_row_adds_lanes(rng, columns):
+    """softmax's adjoint of its row sum is a window over the row: LANES partial sums over the
+    columns (`_emit_lanes`), then the rest, with extents that leave a partial round."""
+    x = rng.standard_normal((300, columns)).astype(np.float32)
+    assert "acc_lane1 += " in hd.explain(_softmax, x).backward_source
+    y, vjp = hd.vjp(_softmax, x)
+    ct = rng.standard_normal(x.shape).astype(np.float32)
+    (gx,) = vjp(ct)
+    s = np.exp(x - x.max(1, keepdims=True)).astype(np.float64)
+    s /= s.sum(1, keepdims=True)
+    want = s * (ct - (ct * s).sum(1, keepdims=True))
+    np.testing.assert_allclose(gx, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_one_dimensional_gradient_summed_down_columns_runs_blocks_of_columns(rng, monkeypatch):
+    """A gain's gradient sums down its columns: blocks of columns run in parallel, each column
+    in the same order as on one thread, so the bits equal the serial kernel's."""
+    from halide_ad.runtime import codegen
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
+    x = rng.standard_normal((64, 3 * codegen.COLUMN_BLOCK + 5)).astype(np.float32)
+    g, b = rng.standard_normal((2, x.shape[1])).astype(np.float32)
+    ct = rng.standard_normal(x.shape).astype(np.float32)
+    source = hd.explain(_layer_norm, x, g, b).backward_source
+    assert re.search(r"\bcol\d+ = col\d+_block \* \d+\n", source), source
+    blocked = hd.vjp(_layer_norm, x, g, b)[1](ct)[1]
+    xhat = (x - x.mean(1, keepdims=True, dtype=np.float64)) / np.sqrt(x.var(1, keepdims=True, dtype=np.float64) + 1e-5)
+    np.testing.assert_allclose(blocked, (ct * xhat).sum(0), rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(codegen, "_column_blocks", lambda shape, terms: None)
+    serial = hd.vjp(hd.func(lambda x, g, b: ops.layer_norm(x, g, b)), x, g, b)[1](ct)[1]
+    np.testing.assert_array_equal(blocked, serial)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_maximum_no_gradient_reaches_keeps_no_argindex(rng, dtype):
+    """softmax's row maximum is read only under stop_gradient: it runs as LANES partial maxima
+    with no argindex, NaN winning as in numpy; a max pool, whose gradient needs the argindex,
+    keeps it."""
+    x = rng.standard_normal((6, 8 * LANES + 5)).astype(dtype)
+    x[2, 7] = np.nan
+    source = hd.explain(_softmax, x).forward_source
+    assert "arg_softmax_max" not in source and "vmath.maximum(acc_lane1, " in source
+    got = _softmax(x)
+    assert np.isnan(got[2]).all() and not np.isnan(np.delete(got, 2, 0)).any()
+    clean = np.delete(x, 2, 0).astype(np.float64)
+    e = np.exp(clean - clean.max(1, keepdims=True))
+    np.testing.assert_allclose(np.delete(got, 2, 0), e / e.sum(1, keepdims=True), rtol=1e-5)
+    pooled = hd.func(lambda x: ops.max_pool2d(x, 2))
+    assert "arg_max_pool2d" in hd.explain(pooled, rng.standard_normal((1, 1, 4, 4))).forward_source
+    row_max = hd.func(lambda x: ops.max(x, axis=1))  # an output: its gradient may be asked for
+    y = rng.standard_normal((3, 40))
+    np.testing.assert_array_equal(row_max(y), y.max(1))
+    np.testing.assert_array_equal(hd.grad(lambda v: hd.sum(row_max(v)))(y),
+                                  (y == y.max(1, keepdims=True)).astype(float))
