@@ -283,6 +283,12 @@ class Function:
     def __repr__(self) -> str:
         return f"<hd.func {getattr(self.fn, '__qualname__', self.fn)}>"
 
+    def __reduce__(self):
+        """Pickled by reference to the module-level name it is bound to, as functions are (dask
+        and multiprocessing send functions so): its traces, kernels and locks stay behind, and
+        the receiving process finds its kernels in the on-disk cache."""
+        return getattr(self.fn, "__qualname__", repr(self))
+
     def __call__(self, *args, **kwargs):
         if current() is not None:
             self._check_arguments(args, kwargs)
