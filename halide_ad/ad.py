@@ -89,6 +89,7 @@ CALL_RULES: dict[str, Callable[[Call, Expr], tuple[Expr | None, ...]]] = {
     "cos": lambda n, g: (_neg(_mul(g, Call("sin", n.args))),),
     "tan": lambda n, g: (_mul(g, Bin(Op.ADD, _c(1, n), _mul(n, n))),),         # 1 + tan^2
     "tanh": lambda n, g: (_mul(g, Bin(Op.SUB, _c(1, n), _mul(n, n))),),        # 1 - tanh^2
+    "sigmoid": lambda n, g: (_mul(g, _mul(n, Bin(Op.SUB, _c(1, n), n))),),     # s (1 - s)
     "erf": lambda n, g: (_mul(g, _mul(_c(1.1283791670955126, n),               # 2/sqrt(pi) e^-a^2
                                       Call("exp", (_neg(_mul(n.args[0], n.args[0])),)))),),
     "abs": lambda n, g: (_mul(g, Call("sign", n.args)),),                      # 0 at 0

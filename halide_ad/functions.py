@@ -46,7 +46,7 @@ round = _unary("round", np.rint)  # noqa: A001  half to even, as numpy
 stop_gradient = _unary("stop_gradient", lambda x: x)
 atan2 = _elementwise("atan2", lambda y, x: call("atan2", y, x), np.arctan2)
 pow = _elementwise("pow", lambda a, b: a ** b, np.power)  # noqa: A001
-sigmoid = _elementwise("sigmoid", lambda x: 1 / (1 + call("exp", -x)), lambda x: 1 / (1 + np.exp(-x)))
+sigmoid = _unary("sigmoid", lambda x: 1 / (1 + np.exp(-x)))
 relu = _elementwise("relu", lambda x: select(x > 0, x, 0), lambda x: np.maximum(x, 0))  # 0 at 0
 where = _elementwise("where", select, np.where)
 

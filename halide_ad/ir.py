@@ -245,7 +245,7 @@ def bin_dtype(op: Op, a: str, b: str) -> str:
     return t
 
 
-FLOAT_FUNCS = {"exp", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
+FLOAT_FUNCS = {"exp", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
                "floor", "ceil", "round", "atan2"}
 
 

@@ -29,7 +29,7 @@ _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
 # float32 math that vectorizes (runtime/vmath.py); float64 keeps numpy's, i.e. the C library's
-_VMATH = {"exp", "log", "log1p", "tanh", "sin", "cos", "erf"}
+_VMATH = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf"}
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
              "tap", "start", "stop",
              "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
@@ -148,6 +148,9 @@ class Emitter:
                 return f"vmath.{fn}_f32({self.expr(a)})"
             case Call("erf", (a,)):
                 return self.cast(f"math.erf({self.expr(a)})", dtype_of(e))
+            case Call("sigmoid", (a,)):
+                one = self.const(1.0, dtype_of(e))
+                return f"({one} / ({one} + np.exp(-{self.expr(a)})))"
             case Call(fn, args) if fn in _NP_FUNCS:
                 return f"{_NP_FUNCS[fn]}({', '.join(self.expr(a) for a in args)})"
             case Select(c, t, f) if self._speculable(t) and self._speculable(f):

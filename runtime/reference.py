@@ -57,7 +57,8 @@ _BIN = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.tru
 
 _CALLS = {RUN_TIME_CHECKED: lambda i: i, "neg": np.negative, "not": np.logical_not, "exp": np.exp, "log": np.log, "log1p": np.log1p,
           "sqrt": np.sqrt, "rsqrt": lambda x: np.reciprocal(np.sqrt(x)), "sin": np.sin, "cos": np.cos,
-          "tan": np.tan, "tanh": np.tanh, "erf": np.vectorize(math.erf, otypes=[np.float64]),
+          "tan": np.tan, "tanh": np.tanh,
+          "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "erf": np.vectorize(math.erf, otypes=[np.float64]),
           "abs": np.abs, "sign": np.sign, "floor": np.floor, "ceil": np.ceil,
           "round": np.rint, "atan2": np.arctan2, "stop_gradient": lambda x: x}  # round: half to even
 

@@ -9,9 +9,9 @@ inlined into the kernel's loop and vectorized with it.
 
 Accuracy against float64 references, over the whole float32 range (tests/runtime/test_vmath.py
 holds every function to 3 ulp; the largest errors seen were exp 0.98, log 0.75, log1p 2.3,
-tanh 1.2, erf 2.4, sin, cos and pow 0.5), with IEEE special values (inf, nan, -0, overflow to
-inf, underflow to 0 and subnormals) as C's functions give them. sigmoid is 1 / (1 + exp(-x)) in
-the IR, so it vectorizes with exp. float64 kernels keep the C library's functions.
+tanh 1.2, sigmoid 2.1, erf 2.4, sin, cos and pow 0.5), with IEEE special values (inf, nan, -0,
+overflow to inf, underflow to 0 and subnormals) as C's functions give them. float64 kernels keep
+the C library's functions.
 
 Coefficients: exp, log and tanh's small-argument polynomial are Cephes' (Moshier's) single
 precision ones; erf's are least-squares fits on Chebyshev nodes (`tools/fit_erf.py`); sin and cos
@@ -149,6 +149,14 @@ def tanh_f32(x):
     t = _ONE - _TWO / (exp_f32(a + a) + _ONE)
     large = branchless(x < F32(0), -t, t)
     return branchless(a < F32(0.625), small, large)
+
+
+@_inline
+def sigmoid_f32(x):
+    """1 / (1 + exp(-x)) as e / (1 + e) below 0, e = exp(-|x|) <= 1: exp(-x) would overflow
+    below -88.7 where the result is still a subnormal."""
+    e = exp_f32(-np.abs(x))
+    return branchless(x >= F32(0), _ONE, e) / (_ONE + e)
 
 
 @_inline
@@ -337,4 +345,5 @@ def _python_pow(x, y):
 # The same names in plain Python, for kernels run without numba (HALIDE_AD_JIT=0)
 plain_python = SimpleNamespace(
     exp_f32=np.exp, log_f32=np.log, log1p_f32=np.log1p, tanh_f32=np.tanh, sin_f32=np.sin,
+    sigmoid_f32=lambda x: 1 / (1 + np.exp(-x)),
     cos_f32=np.cos, erf_f32=lambda x: np.float32(math.erf(x)), pow_f32=_python_pow)

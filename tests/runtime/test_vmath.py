@@ -20,7 +20,7 @@ SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, TINY, -TI
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 REFERENCES = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "tanh": np.tanh,
-              "sin": np.sin, "cos": np.cos, "erf": _erf}
+              "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "sin": np.sin, "cos": np.cos, "erf": _erf}
 
 
 def _loop(fn):
@@ -49,6 +49,7 @@ def _random_floats(count: int, seed: int) -> np.ndarray:
 
 def _sweep(name: str) -> np.ndarray:
     near = {"exp": (-110, 95), "log": (0, 4), "log1p": (-1, 2), "tanh": (-12, 12), "erf": (-5, 5),
+            "sigmoid": (-110, 40),
             "sin": (-1000, 1000), "cos": (-1000, 1000)}[name]
     x = np.concatenate([np.linspace(*near, 200_001, dtype=np.float32), _random_floats(100_000, 1)])
     return np.abs(x) if name == "log" else x
@@ -144,7 +145,7 @@ def test_programs_agree_with_numpy(dtype, rtol):
 def test_float32_kernels_call_vmath_and_float64_ones_numpy():
     x32 = np.linspace(-1, 1, 16).astype(np.float32)
     source32 = hd.explain(_everyday, x32).forward_source
-    for fn in ("tanh", "exp", "log1p", "sin", "cos", "erf", "pow"):
+    for fn in ("tanh", "exp", "log1p", "sin", "cos", "erf", "sigmoid", "pow"):
         assert f"vmath.{fn}_f32(" in source32
     source64 = hd.explain(_everyday, x32.astype(np.float64)).forward_source
     assert not re.search(r"\bvmath\.\w+\(", source64) and "np.tanh(" in source64
