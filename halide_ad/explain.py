@@ -98,9 +98,9 @@ def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:
     lines = []
     for key, title in passes:
         calls = traced.interpreted.get(key, 0)
-        now = "compiled kernels" if key in traced._compiled else "the interpreter, its kernels compiling"
+        now = "its kernels since" if key in traced._compiled else "its kernels still compiling"
         if calls:
-            lines.append(f"{title}: {calls} call(s) on the numpy interpreter (runtime/reference.py), now {now}")
+            lines.append(f"{title}: {calls} call(s) on the numpy interpreter (runtime/reference.py), {now}")
         elif key in traced._compiled:
             lines.append(f"{title}: compiled kernels")
     if not any(key != "forward" for key, _ in passes) and wrt not in traced._compiled:
