@@ -159,6 +159,7 @@ class Traced:
         self._compiled: set = set()        # the passes that run their kernels from now on
         self._jobs: dict = {}              # pass -> the Future compiling its kernels
         self.interpreted: dict = {}        # pass -> calls the interpreter ran
+        self._small: dict = {}             # pass -> whether the interpreter may run it
 
     def _interpreting(self, key, warming) -> bool:
         """Whether this call of pass `key` runs on the interpreter: while its kernels compile in
@@ -168,8 +169,10 @@ class Traced:
         if key in self._compiled:
             return False
         built = self._forward if key == "forward" else self._grads.get(key)
-        if (built is not None and built.kernel.compiled()
-                or not tiered.interpretable(self.program, () if key == "forward" else key)):
+        small = self._small.get(key)
+        if small is None:  # (reverse mode runs to count a gradient's work: once per pass)
+            small = self._small[key] = tiered.interpretable(self.program, () if key == "forward" else key)
+        if built is not None and built.kernel.compiled() or not small:
             self._compiled.add(key)
             return False
         job = self._jobs.get(key)
