@@ -27,9 +27,8 @@ import numpy as np
 import halide_ad as hd
 from benchmarks import peers
 from benchmarks.cases import F, jax, jnp, lax
-from benchmarks.checks import compare_arrays
 from benchmarks.everyday import affine, jax_affine, torch_affine
-from benchmarks.runner import PEERS, Row
+from benchmarks.runner import Row
 from benchmarks.timing import measure, time_once
 from halide_ad import tiered
 
@@ -82,10 +81,7 @@ def run_call_case(case: CallCase, *, small: bool, repeat: int, peer_names: Seque
         if library == "halide_ad":
             row.first_call_s = first_s
         print(f"[{case.name}] {library}: {case.phase} {timing.median_ms:.3g} ms", file=sys.stderr)
-    reference = next((p for p in PEERS if p in values), None)
-    if "halide_ad" in values and reference is not None:
-        row.reference = reference
-        row.check = compare_arrays(values["halide_ad"], values[reference])
+    row.check_values(values)
     return row
 
 

@@ -37,7 +37,6 @@ from benchmarks import peers
 from benchmarks.calls import CallCase
 from benchmarks.child import run_json
 from benchmarks.cases import Case
-from benchmarks.checks import compare_arrays
 from benchmarks.everyday import FirstCall
 from benchmarks.runner import PEERS, Row
 from benchmarks.selection import select
@@ -87,10 +86,7 @@ def measure_cold(first_call: FirstCall, *, small: bool, peer_names: Sequence[str
         row.times_s[library] = sum(seconds.values())
         row.parts_s[library] = seconds
         print(f"[{first_call.name}] {library}: {row.times_s[library]:.3g} s", file=sys.stderr)
-    reference = next((p for p in PEERS if p in values), None)
-    if "halide_ad" in values and reference is not None:
-        row.reference = reference
-        row.check = compare_arrays(values["halide_ad"], values[reference])
+    row.check_values(values)
     return row
 
 

@@ -37,7 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from halide_ad.ad import reverse_mode
-from halide_ad.ir import Program, Reduce
+from halide_ad.ir import Load, Program, Reduce
 from halide_ad.runtime import reference
 from halide_ad.runtime.compile import jit_enabled
 from halide_ad.solver.bounds import checked_at_run_time
@@ -55,10 +55,6 @@ def _max_work() -> int:
     return int(os.environ.get("HALIDE_AD_INTERPRET_MAX", DEFAULT_MAX_WORK))
 
 
-def _work(extents) -> int:
-    return math.prod(max(0, hi - lo) for lo, hi in extents)
-
-
 def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     """Whether the interpreter may run this program (and its gradient by `wrt`) on a first call."""
     if not enabled():
@@ -67,15 +63,13 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     for f in program.funcs:
         points = math.prod(f.shape)
         if isinstance(f.body, Reduce):
-            points *= _work((r.lo, r.hi) for r in f.body.rvars)
+            points *= math.prod(r.extent for r in f.body.rvars)
         work += points
-        for n in walk(f.body):
-            index = getattr(n, "index", None)
-            if index is not None and any(checked_at_run_time(i) for i in index):
-                return False
+        if any(isinstance(n, Load) and any(map(checked_at_run_time, n.index)) for n in walk(f.body)):
+            return False
     if wrt:
         for adjoint in reverse_mode(program, wrt):
-            work += sum(_work((r.lo, r.hi) for r in s.domain) for s in adjoint.scatters)
+            work += sum(math.prod(r.extent for r in s.domain) for s in adjoint.scatters)
     return work <= _max_work()
 
 

@@ -9,6 +9,7 @@ numba function that runs a range of that loop, called through `parallel_for`.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 import math
 import os
 import re
@@ -250,16 +251,24 @@ def _emit_accumulation(w: Writer, em: Emitter, r: Reduce, acc: str) -> None:
         w.line(f"{acc} = {op.format(acc, em.expr(r.body))}")
     else:
         v, whole = em.name(lane.var), lane.lo + (lane.hi - lane.lo) // LANES * LANES
-        with w.block(f"for {v} in range({lane.lo}, {whole}, {LANES}):"):
-            for q, name in enumerate(lanes):
-                shifted = substitute(r.body, {lane.var: Bin(Op.ADD, lane.var, Const(q, INDEX_DTYPE))})
-                w.line(f"{name} = {op.format(name, em.expr(simplify(shifted)))}")
+        _lane_rounds(w, em, lane.var, lane.lo, whole, r.body, lanes,
+                     lambda name, value: f"{name} = {op.format(name, value)}")
         if whole < lane.hi:
             with w.block(f"for {v} in range({whole}, {lane.hi}):"):
                 w.line(f"{acc} = {op.format(acc, em.expr(r.body))}")
     w.depth = depth
     if lane is not None:
         w.line(f"{acc} = {_pairwise(lanes, op)}")
+
+
+def _lane_rounds(w: Writer, em: Emitter, var: Var, lo: int, whole: int, body: Expr, lanes: list[str],
+                 update: Callable[[str, str], str]) -> None:
+    """`for var in range(lo, whole, LANES)`, lane q updated with `body` at var + q by the line
+    `update(lane, value)`: the rounds of a reduction split into LANES partial results."""
+    with w.block(f"for {em.name(var)} in range({lo}, {whole}, {LANES}):"):
+        for q, name in enumerate(lanes):
+            shifted = simplify(substitute(body, {var: Bin(Op.ADD, var, Const(q, INDEX_DTYPE))}))
+            w.line(update(name, em.expr(shifted)))
 
 
 def _open_reduction(w: Writer, em: Emitter, rvars: tuple[Range, ...], where: Expr | None) -> None:
@@ -1093,7 +1102,7 @@ def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float],
             key = tuple(sorted(product[0], key=show))
             like[key] = like.get(key, 0.0) + product[1]
             continue
-        depth = w.depth
+        depth, lane = w.depth, _piece_lane(piece)
         for level, guards in enumerate(piece.guards):
             if level > 0:
                 loop = piece.loops[level - 1]
@@ -1106,7 +1115,7 @@ def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float],
             if guards:
                 w.line(f"if {' and '.join(em.expr(c) for c in guards)}:")
                 w.depth += 1
-            if level == len(piece.loops) - 1 and _piece_lane(piece) is not None:
+            if level == len(piece.loops) - 1 and lane is not None:
                 _emit_lanes(w, em, piece, acc_dtype)
                 break
         else:
@@ -1141,14 +1150,10 @@ def _emit_lanes(w: Writer, em: Emitter, piece, acc_dtype: str) -> None:
     lanes = [f"acc_lane{q}" for q in range(LANES)]
     for name in lanes:
         w.line(f"{name} = {em.const(0, acc_dtype)}")
-    v = em.name(loop.var)
-    with w.block(f"for {v} in range({lo}, {whole}, {LANES}):"):
-        for q, name in enumerate(lanes):
-            shifted = simplify(substitute(piece.value, {loop.var: Bin(Op.ADD, loop.var, Const(q, INDEX_DTYPE))}))
-            w.line(f"{name} += {em.expr(shifted)}")
+    _lane_rounds(w, em, loop.var, lo, whole, piece.value, lanes, lambda name, value: f"{name} += {value}")
     w.line(f"acc += {_pairwise(lanes, '+')}")
     if whole < hi:
-        with w.block(f"for {v} in range({whole}, {hi}):"):
+        with w.block(f"for {em.name(loop.var)} in range({whole}, {hi}):"):
             w.line(f"acc += {em.expr(piece.value)}")
 
 
