@@ -17,50 +17,83 @@ Interval = tuple[int, int]  # inclusive
 
 def interval(e: Expr, ranges: dict[Var, Interval]) -> Interval | None:
     """Bounds of an integer expression over boxes of its Vars; None if unknown."""
+    lo, hi = _bounds(e, ranges)
+    return None if lo is None or hi is None else (lo, hi)
+
+
+Bound = tuple[int | None, int | None]  # inclusive; None where a side is unknown
+_UNKNOWN: Bound = (None, None)
+
+
+def _bounds(e: Expr, ranges: dict[Var, Interval]) -> Bound:
+    """Each side of an integer expression's range on its own, so that a clamp bounds what it clamps:
+    `min(max(int(floor(f(i))), 0), 6)` lies in [0, 6] whatever f does, without asking z3."""
     match e:
         case Const(v, dtype) if not dtype.startswith("float"):
             return int(v), int(v)
         case Var():
-            return ranges.get(e)
+            return ranges.get(e, _UNKNOWN)
         case Cast(_, v):
-            return interval(v, ranges)
+            return _bounds(v, ranges)
         case Call(fn, (v,)) if fn == RUN_TIME_CHECKED:
-            return interval(v, ranges)
+            return _bounds(v, ranges)
         case Call("neg", (a,)):
-            ia = interval(a, ranges)
-            return None if ia is None else (-ia[1], -ia[0])
+            lo, hi = _bounds(a, ranges)
+            return _negated(hi), _negated(lo)
         case Call("abs", (a,)):
-            ia = interval(a, ranges)
-            if ia is None:
-                return None
-            lo, hi = ia
+            lo, hi = _bounds(a, ranges)
+            if lo is None or hi is None:
+                return (0 if lo is None or lo <= 0 else lo), None
             return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
         case Bin(Op.MOD, a, Const(k)) if isinstance(k, int) and k > 0:
-            ia = interval(a, ranges)
-            if ia is not None and ia[0] // k == ia[1] // k:
-                return ia[0] % k, ia[1] % k
+            lo, hi = _bounds(a, ranges)
+            if lo is not None and hi is not None and lo // k == hi // k:
+                return lo % k, hi % k
             return 0, k - 1
         case Bin(Op.FLOORDIV, a, Const(k)) if isinstance(k, int) and k > 0:
-            ia = interval(a, ranges)
-            return None if ia is None else (ia[0] // k, ia[1] // k)
+            lo, hi = _bounds(a, ranges)
+            return _divided(lo, k), _divided(hi, k)
         case Select(_, t, f):
-            it, if_ = interval(t, ranges), interval(f, ranges)
-            return None if it is None or if_ is None else (min(it[0], if_[0]), max(it[1], if_[1]))
-        case Bin(op, a, b) if op in (Op.ADD, Op.SUB, Op.MUL, Op.MIN, Op.MAX):
-            ia, ib = interval(a, ranges), interval(b, ranges)
-            if ia is None or ib is None:
-                return None
-            if op is Op.ADD:
-                return ia[0] + ib[0], ia[1] + ib[1]
-            if op is Op.SUB:
-                return ia[0] - ib[1], ia[1] - ib[0]
-            if op is Op.MIN:
-                return min(ia[0], ib[0]), min(ia[1], ib[1])
-            if op is Op.MAX:
-                return max(ia[0], ib[0]), max(ia[1], ib[1])
-            corners = [x * y for x in ia for y in ib]
+            (tlo, thi), (flo, fhi) = _bounds(t, ranges), _bounds(f, ranges)
+            return _both(min, tlo, flo), _both(max, thi, fhi)
+        case Bin(Op.MIN, a, b):
+            (alo, ahi), (blo, bhi) = _bounds(a, ranges), _bounds(b, ranges)
+            return _both(min, alo, blo), _either(min, ahi, bhi)
+        case Bin(Op.MAX, a, b):
+            (alo, ahi), (blo, bhi) = _bounds(a, ranges), _bounds(b, ranges)
+            return _either(max, alo, blo), _both(max, ahi, bhi)
+        case Bin(Op.ADD, a, b):
+            (alo, ahi), (blo, bhi) = _bounds(a, ranges), _bounds(b, ranges)
+            return _both(int.__add__, alo, blo), _both(int.__add__, ahi, bhi)
+        case Bin(Op.SUB, a, b):
+            (alo, ahi), (blo, bhi) = _bounds(a, ranges), _bounds(b, ranges)
+            return _both(int.__sub__, alo, bhi), _both(int.__sub__, ahi, blo)
+        case Bin(Op.MUL, a, b):
+            (alo, ahi), (blo, bhi) = _bounds(a, ranges), _bounds(b, ranges)
+            if None in (alo, ahi, blo, bhi):
+                return _UNKNOWN
+            corners = [x * y for x in (alo, ahi) for y in (blo, bhi)]
             return min(corners), max(corners)
-    return None
+    return _UNKNOWN
+
+
+def _both(op, a: int | None, b: int | None) -> int | None:
+    """op(a, b) when both sides are known."""
+    return None if a is None or b is None else op(a, b)
+
+
+def _either(op, a: int | None, b: int | None) -> int | None:
+    """op over the known sides: the bound that min's upper or max's lower side keeps."""
+    known = [x for x in (a, b) if x is not None]
+    return op(known) if known else None
+
+
+def _negated(x: int | None) -> int | None:
+    return None if x is None else -x
+
+
+def _divided(x: int | None, k: int) -> int | None:
+    return None if x is None else x // k
 
 
 def box(domain: tuple[Range, ...]) -> dict[Var, Interval]:
