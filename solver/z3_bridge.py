@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import z3
 
 from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of
+from halide_ad.show import show
+from halide_ad.traverse import free_vars, walk
 
 DEFAULT_TIMEOUT_MS = int(os.environ.get("HALIDE_AD_Z3_TIMEOUT_MS", "2000"))  # per query
 Z3_VERSION = z3.get_version_string()
@@ -93,6 +95,18 @@ class Query:
         return {v.name: model.eval(self.vars[v], model_completion=True).as_long()
                 for v in names if v in self.vars}
 
+    def _opaque(self, v: Expr, go):
+        """An integer computed from float data (`int(floor(v[n, h, w]))`, as grid_sample does) is an
+        uninterpreted function of the loop variables it reads at: the same point gives the same
+        value, and nothing else is assumed, so the disjoint writes of a batch or channel loop still
+        prove."""
+        points = sorted(free_vars(v), key=lambda x: x.name)
+        name = f"int_of_{show(v)}"
+        if name not in self.functions:
+            sorts = [z3.IntSort(self.ctx)] * (len(points) + 1)
+            self.functions[name] = z3.Function(f"int_of_{len(self.functions)}", *sorts)
+        return self.functions[name](*(go(p) for p in points))
+
     def to_z3(self, e: Expr, rename: dict[Var, z3.ArithRef] | None = None):
         rename = rename or {}
 
@@ -147,6 +161,8 @@ class Query:
                     return z3.If(go(c), go(t), go(f))
                 case Cast(dtype, v) if not dtype.startswith("float") and not dtype_of(v).startswith("float"):
                     return go(v)
+                case Cast(dtype, v) if not dtype.startswith("float") and any(isinstance(x, Load) for x in walk(v)):
+                    return self._opaque(v, go)
                 case Load(buffer, index, dtype) if not dtype.startswith("float") and dtype != "bool":
                     if buffer not in self.functions:
                         sorts = [z3.IntSort(self.ctx)] * (len(index) + 1)
