@@ -30,14 +30,20 @@ def user_loc() -> SourceLoc | None:
     """The innermost stack frame outside halide_ad: the user's line that is being traced."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        inside = os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep) and (
-            os.sep + "tests" + os.sep not in filename and os.sep + "examples" + os.sep not in filename
-            and os.sep + "benchmarks" + os.sep not in filename)
-        if not inside and not filename.startswith("<"):
-            return SourceLoc(filename, frame.f_lineno, frame.f_code.co_name)
+        if is_user_frame(frame) and not frame.f_code.co_filename.startswith("<"):
+            return SourceLoc(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return None
+
+
+def is_user_frame(frame) -> bool:
+    """Whether `frame` runs the user's code, not halide_ad's own (its tests, examples and benchmarks
+    count as users)."""
+    filename = frame.f_code.co_filename
+    inside = os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep) and (
+        os.sep + "tests" + os.sep not in filename and os.sep + "examples" + os.sep not in filename
+        and os.sep + "benchmarks" + os.sep not in filename)
+    return not inside
 
 
 class HalideADError(Exception):

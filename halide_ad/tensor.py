@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from halide_ad import ir
-from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, user_loc
+from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, is_user_frame, user_loc
 from halide_ad.expr import Expr, array_function, array_ufunc, binary, to_node
 from halide_ad.trace import TraceState, current, require
 from halide_ad.traverse import free_vars, rewrite, substitute
@@ -50,6 +50,21 @@ class Shape(tuple):
 
 _UNPACK_SEQUENCE = dis.opmap["UNPACK_SEQUENCE"]
 _EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+_STORES = {"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL"}
+
+
+def _assigned_names(frame, count: int) -> list[str] | None:
+    """The names that the caller's statement assigns the call's result to (`c, r, s = hd.rdom(...)`
+    gives ["c", "r", "s"]), read from its bytecode; None where it does not store plain names."""
+    following = [ins for ins in dis.get_instructions(frame.f_code) if ins.offset > frame.f_lasti][:count + 1]
+    if count > 1:
+        if not following or following[0].opname != "UNPACK_SEQUENCE" or following[0].arg != count:
+            return None
+        following = following[1:]
+    stores = following[:count]
+    if len(stores) != count or any(ins.opname not in _STORES for ins in stores):
+        return None
+    return [ins.argval for ins in stores]
 
 
 class Tensor:
@@ -371,7 +386,9 @@ def rdom(*extents, where=None):
     if not extents:
         raise ShapeError("hd.rdom needs at least one extent, e.g. hd.rdom(3)", user_loc())
     rvars = []
-    for e in extents:
+    caller = sys._getframe(1)  # the user's names; halide_ad's own reductions keep `r`
+    names = (is_user_frame(caller) and _assigned_names(caller, len(extents))) or ["r"] * len(extents)
+    for e, name in zip(extents, names, strict=True):
         lo, hi = (0, e) if not isinstance(e, (tuple, list)) else tuple(e)
         for b in (lo, hi):
             if not isinstance(b, numbers.Integral) or isinstance(b, bool):
@@ -381,7 +398,7 @@ def rdom(*extents, where=None):
         if max(abs(lo), abs(hi)) > MAX_ELEMENTS:
             raise ShapeError(f"hd.rdom extent {e!r} reaches past 2**{MAX_ELEMENTS.bit_length() - 1}, "
                              "beyond any array halide_ad can index; check the sizes", user_loc())
-        v = ir.Var(state.fresh_name("r"))
+        v = ir.Var(state.fresh_name(name, loop_var=True))
         state.var_ranges[v] = ir.Range(v, int(lo), int(hi))
         state.reduction_vars.add(v)
         rvars.append(v)

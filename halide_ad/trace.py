@@ -24,10 +24,11 @@ class TraceState:
     compute_vars: tuple[ir.Var, ...] | None = None  # pure vars of the hd.compute being traced
     counter: itertools.count = field(default_factory=itertools.count)
 
-    def fresh_name(self, base: str) -> str:
-        """A Python identifier, unique in this trace, that reads like `base`."""
+    def fresh_name(self, base: str, loop_var: bool = False) -> str:
+        """A Python identifier, unique in this trace, that reads like `base`. Buffers avoid the
+        names generated kernels use; loop variables need not (the code generator renames them)."""
         base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or "f"
-        if base[0].isdigit() or keyword.iskeyword(base) or base in _GENERATED_CODE_NAMES:
+        if base[0].isdigit() or keyword.iskeyword(base) or (base in _GENERATED_CODE_NAMES and not loop_var):
             base = "f_" + base
         name, k = base, 1
         while name in self.names:
