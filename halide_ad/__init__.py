@@ -1,41 +1,40 @@
 """halide_ad: differentiate array programs written as index expressions, and compile the forward
-program and its gradient into parallel numba kernels (gathers, not racy scatters)."""
+program and its gradient into parallel numba kernels (gathers, not racy scatters).
+
+The names below load on first use, so that `import halide_ad.ir` (the IR, reverse mode, the
+affine algebra) needs neither numba nor z3.
+"""
+import importlib
+
 __version__ = "0.1.0"
 
-from halide_ad.errors import (BoundsError, DTypeError, HalideADError, HalideADWarning, InternalError,
-                              NotDifferentiableError, ShapeError, TraceError)
-from halide_ad.expr import Expr
-from halide_ad.tensor import BoundaryView, Tensor, compute, rdom
-from halide_ad.functions import (abs, argmax, argmin, atan2, cast, ceil, clamp, cos, erf, exp, floor, log,
-                                 log1p, max, maximum, mean, min, minimum, pow, prod, relu, round, rsqrt,
-                                 sigmoid, sign, sin, sqrt, stop_gradient, sum, tan, tanh, where)
-from halide_ad.api import Function, func, grad, value_and_grad, vjp
-from halide_ad.explain import explain
-from halide_ad.check import check_grad
+_EXPORTS = {
+    "halide_ad.errors": ("BoundsError", "DTypeError", "HalideADError", "HalideADWarning", "InternalError",
+                         "NotDifferentiableError", "ShapeError", "TraceError"),
+    "halide_ad.expr": ("Expr",),
+    "halide_ad.tensor": ("BoundaryView", "Tensor", "compute", "constant_exterior", "mirror", "rdom",
+                         "repeat_edge"),
+    "halide_ad.functions": ("abs", "argmax", "argmin", "atan2", "cast", "ceil", "clamp", "cos", "erf", "exp",
+                            "floor", "log", "log1p", "max", "maximum", "mean", "min", "minimum", "pow", "prod",
+                            "relu", "round", "rsqrt", "sigmoid", "sign", "sin", "sqrt", "stop_gradient", "sum",
+                            "tan", "tanh", "where"),
+    "halide_ad.api": ("Function", "func", "grad", "value_and_grad", "vjp"),
+    "halide_ad.explain": ("explain",),
+    "halide_ad.check": ("check_grad",),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 
-def repeat_edge(t: Tensor) -> BoundaryView:
-    """A view of `t` that any integer index may read: out-of-range indices clamp to the edge."""
-    return BoundaryView(t, "repeat_edge")
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'halide_ad' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
-def constant_exterior(t: Tensor, value=0.0) -> BoundaryView:
-    """A view of `t` that reads `value` outside its bounds."""
-    return BoundaryView(t, "constant_exterior", value)
+def __dir__():
+    return sorted(set(globals()) | set(_MODULE_OF))
 
 
-def mirror(t: Tensor) -> BoundaryView:
-    """A view of `t` reflected at its edges without repeating them (numpy's 'reflect',
-    Halide's mirror_interior)."""
-    return BoundaryView(t, "mirror")
-
-
-__all__ = [
-    "BoundaryView", "BoundsError", "DTypeError", "Expr", "Function", "HalideADError", "HalideADWarning",
-    "InternalError", "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "argmax",
-    "argmin", "atan2",
-    "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "erf", "exp",
-    "explain", "floor", "func", "grad", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
-    "mirror", "pow", "prod", "rdom", "relu", "repeat_edge", "round", "rsqrt", "sigmoid", "sign", "sin",
-    "sqrt", "stop_gradient", "sum", "tan", "tanh", "value_and_grad", "vjp", "where",
-]
+__all__ = sorted(_MODULE_OF)

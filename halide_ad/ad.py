@@ -11,12 +11,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from halide_ad.errors import InternalError, NotDifferentiableError
+from halide_ad.affine import linear_form
+from halide_ad.errors import HalideADError, InternalError, NotDifferentiableError
 from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
                           Select, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
-from halide_ad.solver.affine import linear_form
-from halide_ad.traverse import (children, conjunction, conjuncts, is_zero, loads, simplify, substitute,
-                                walk)
+from halide_ad.traverse import (children, conjunction, conjuncts, flat_index, is_zero, loads, simplify,
+                                substitute, walk)
 
 
 @dataclass(frozen=True)
@@ -109,14 +109,6 @@ def _atan2(n: Call, g: Expr) -> tuple[Expr, Expr]:
     return Bin(Op.DIV, _mul(g, x), r2), _neg(Bin(Op.DIV, _mul(g, y), r2))
 
 
-def flat_index(rvars: tuple[Range, ...]) -> Expr:
-    """The position of a point in reduction order (row-major, first variable outermost)."""
-    out: Expr = const(0)
-    for r in rvars:
-        out = Bin(Op.ADD, Bin(Op.MUL, out, const(r.extent)), Bin(Op.SUB, r.var, const(r.lo)))
-    return simplify(out)
-
-
 def differentiable_buffers(program: Program, wrt: tuple[str, ...]) -> set[str]:
     """Buffers on a path from `wrt` to an output: the ones that need adjoints."""
     reach = set(wrt)
@@ -128,6 +120,19 @@ def differentiable_buffers(program: Program, wrt: tuple[str, ...]) -> set[str]:
         if f.name in live:
             live.update(load.buffer for load in _loads(f) if load.buffer in reach)
     return live | set(wrt)
+
+
+def read_by_gradients(program: Program) -> set[str] | None:
+    """The Funcs and buffers any gradient of `program` may read; None when reverse mode fails
+    (the forward then stores everything, and the gradient reports the error)."""
+    wrt = tuple(b.name for b in program.inputs if is_float(b.dtype))
+    try:
+        adjoints = reverse_mode(program, wrt)
+    except HalideADError:
+        return None
+    return {n.buffer for adj in adjoints for s in adj.scatters
+            for e in (s.value, s.where, *s.index) if e is not None
+            for n in walk(e) if isinstance(n, Load)}
 
 
 def without_unused_argindex(program: Program) -> Program:

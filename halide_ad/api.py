@@ -16,7 +16,7 @@ from halide_ad.ad import without_unused_argindex
 from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
                                 compile_gradient)
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
-from halide_ad.tensor import BoundaryView, Tensor
+from halide_ad.tensor import BoundaryView, Tensor, compute
 from halide_ad.trace import TraceState, current, tracing
 from halide_ad.traverse import walk
 
@@ -418,7 +418,6 @@ def _static_used_as_array(e: Exception, statics: dict, fn_name: str) -> TraceErr
 
 
 def _copy(t: Tensor) -> Tensor:
-    from halide_ad.tensor import compute
     return compute(t.shape, lambda *i: t[i], name=f"{t.name}_out")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from halide_ad.api import _flatten_values, as_function, vjp
 from halide_ad.errors import DTypeError
 
 
@@ -13,7 +14,6 @@ def check_grad(fn, *args, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1
     Float arguments are promoted to float64. Returns the worst relative error; raises
     AssertionError describing the worst mismatch.
     """
-    from halide_ad.api import _flatten_values, vjp
     args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args)
     float_args = [k for k, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype.kind == "f"]
     if not float_args:
@@ -48,7 +48,6 @@ def check_grad(fn, *args, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1
 
 
 def _call(fn, args):
-    from halide_ad.api import as_function
     return as_function(fn)(*args)
 
 

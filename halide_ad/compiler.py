@@ -8,12 +8,12 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from halide_ad.ad import Adjoint, reverse_mode
+from halide_ad import config, disk_cache
+from halide_ad.ad import Adjoint, read_by_gradients, reverse_mode
 from halide_ad.errors import BoundsError, ShapeError
 from halide_ad.ir import (Bin, Buffer, Call, Expr, Load, Op, Program, Reduce, Scatter, Select, Var,
                           adjoint_name, argindex_name, const, dtype_of, is_float)
@@ -23,7 +23,7 @@ from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction, formula, tap_product_vars
 from halide_ad.runtime.fusion import inline_stages
 from halide_ad.runtime.schedule import piece_exprs
-from halide_ad.solver import Fallback, Gather, disk_cache, invert
+from halide_ad.solver import Fallback, Gather, invert, z3_bridge
 from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk
 
 
@@ -109,7 +109,7 @@ class Kernel:
 
 
 def _dump(stage: str, text: str) -> None:
-    if stage in os.environ.get("HALIDE_AD_DUMP", "").split(","):
+    if config.dumped(stage):
         print(text)
 
 
@@ -131,7 +131,8 @@ def compile_forward(program: Program) -> Kernel:
     steps, sources, segment, scratch = [], [], [], []
     funcs, taken = [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
     stored_shapes = _shapes(program)
-    for f in inline_stages(program, lambda f: _func_contraction(f, stored_shapes) is not None):
+    is_contraction = lambda f: _func_contraction(f, stored_shapes) is not None  # noqa: E731
+    for f in inline_stages(program, is_contraction, read_by_gradients(program)):
         parts = split_reduction(f, taken)
         if parts is not None:
             scratch.append(parts[0].buffer)
@@ -369,7 +370,8 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
                    temporaries, codegen_settings())  # scheduling asks z3 too
             emit = functools.partial(emit_backward, program, list(segment), entry, frozenset(mine),
                                      temporaries)
-            source, params, checks = disk_cache.cached(key, emit)
+            unknowns = z3_bridge.unknown_answers()
+            source, params, checks = disk_cache.cached(key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
             sources.append(source)
         segment.clear()

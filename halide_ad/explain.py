@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from halide_ad import ir, tiered
+from halide_ad import config, ir
 from halide_ad.ad import clamps_into_extrema
+from halide_ad.api import as_function
 from halide_ad.show import show, show_func
 from halide_ad.runtime.contract import Contraction
 from halide_ad.solver import Fallback
@@ -56,7 +57,6 @@ class Explanation:
 def explain(fn, *args, **kwargs) -> Explanation:
     """Trace and compile `fn` for these arguments; report what was generated (gradients with
     respect to every float array argument)."""
-    from halide_ad.api import as_function
     traced, _ = as_function(fn).trace(args, kwargs)
     wrt = tuple(n for n in traced.arg_names if n is not None and ir.is_float(traced.program.buffer(n).dtype))
     tiers = _tiers(traced, wrt)
@@ -91,7 +91,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
 def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:
     """A line per pass called so far: how many calls the interpreter ran, and whether the
     kernels have taken over."""
-    if not tiered.enabled():
+    if not config.tiered_enabled():
         return ("every call runs the compiled kernels (HALIDE_AD_TIERED=0, or HALIDE_AD_JIT=0)",)
     passes = [("forward", "forward")] + [(key, f"gradient by {', '.join(key)}") for key in traced._jobs
                                          if key != "forward"]

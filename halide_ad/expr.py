@@ -9,9 +9,10 @@ import numbers
 
 import numpy as np
 
+import halide_ad
 from halide_ad import ir
 from halide_ad.errors import TraceError, user_loc
-from halide_ad.traverse import rewrite, simplify_rule
+from halide_ad.traverse import PY_OPS, rewrite, simplify_rule
 
 _CONTROL_FLOW_HINT = (
     "cannot use the symbolic value `{e}` as a Python bool. Python control flow (`if`, `while`, "
@@ -170,7 +171,6 @@ def _symbolic_operand(values):
 
 
 def _use_instead(name: str) -> str:
-    import halide_ad
     hd_name = _HD_NAMES.get(name, name)
     if hd_name in getattr(halide_ad, "__all__", ()):
         return f"use hd.{hd_name}, which works inside hd.compute and on hd.Tensors"
@@ -229,7 +229,6 @@ def logical(op: ir.Op, a, b):
 
 
 def _python_binary(op: ir.Op, a, b):
-    from halide_ad.traverse import PY_OPS
     if op is ir.Op.DIV:
         return a / b
     if op is ir.Op.POW:

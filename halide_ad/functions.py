@@ -6,7 +6,7 @@ import numpy as np
 
 from halide_ad import ir
 from halide_ad.errors import TraceError, user_loc
-from halide_ad.expr import Expr, call, select
+from halide_ad.expr import Expr, binary, call, select
 from halide_ad.tensor import is_tensorlike, map_elementwise, reduce
 
 
@@ -52,7 +52,6 @@ where = _elementwise("where", select, np.where)
 
 
 def _minmax(op: ir.Op):
-    from halide_ad.expr import binary
     return lambda a, b: binary(op, a, b)
 
 

@@ -6,14 +6,14 @@ import dis
 import inspect
 import math
 import numbers
-import os
 import sys
 
 import numpy as np
 
-from halide_ad import ir
+from halide_ad import config, ir
 from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, is_user_frame, user_loc
 from halide_ad.expr import Expr, array_function, array_ufunc, binary, to_node
+from halide_ad.solver.bounds import check_bounds, func_domain, guarded_loads, interval
 from halide_ad.trace import TraceState, current, require
 from halide_ad.traverse import free_vars, rewrite, substitute
 
@@ -203,9 +203,24 @@ class BoundaryView:
         return Expr(ir.Load(self.tensor.name, nodes, self.tensor.buffer.dtype, user_loc()))
 
 
+def repeat_edge(t: Tensor) -> BoundaryView:
+    """A view of `t` that any integer index may read: out-of-range indices clamp to the edge."""
+    return BoundaryView(t, "repeat_edge")
+
+
+def constant_exterior(t: Tensor, value=0.0) -> BoundaryView:
+    """A view of `t` that reads `value` outside its bounds."""
+    return BoundaryView(t, "constant_exterior", value)
+
+
+def mirror(t: Tensor) -> BoundaryView:
+    """A view of `t` reflected at its edges without repeating them (numpy's 'reflect',
+    Halide's mirror_interior)."""
+    return BoundaryView(t, "mirror")
+
+
 def _span(e: ir.Expr) -> tuple[int, int] | None:
     """The range of an index expression over the variables of the computation being traced."""
-    from halide_ad.solver.bounds import interval
     state = current()
     return interval(e, {v: (r.lo, r.hi - 1) for v, r in state.var_ranges.items()}) if state else None
 
@@ -330,24 +345,18 @@ def compute(shape, fn, name: str | None = None) -> Tensor:
 
 
 def add_func(state: TraceState, func: ir.Func) -> ir.Func:
-    from halide_ad.solver.bounds import check_bounds, func_domain
     domain, _ = func_domain(func)
     points = math.prod(r.hi - r.lo for r in domain)
-    if points > max_points():
+    if points > config.max_points():
         rdoms = [(r.lo, r.hi) for r in domain[len(func.domain):]]
         raise ShapeError(f"{func.name} loops over {points:.3g} points (shape {func.shape}"
                          + (f", reduction ranges {rdoms}" if rdoms else "")
-                         + f"), past halide_ad's limit of {max_points():.3g} points per stage, which "
+                         + f"), past halide_ad's limit of {config.max_points():.3g} points per stage, which "
                          "stops a wrong size from running for hours; check the sizes, or raise the "
                          "limit with the environment variable HALIDE_AD_MAX_POINTS", func.loc)
     func = check_bounds(func, state.buffer)
     state.funcs.append(func)
     return func
-
-
-def max_points() -> int:
-    """The most loop iterations one stage may run: 2**36 by default, minutes of work on one core."""
-    return int(os.environ.get("HALIDE_AD_MAX_POINTS", str(2 ** 36)))
 
 
 def _lift_reductions(state: TraceState, body: ir.Expr, fvars, fname: str) -> ir.Expr:
@@ -448,7 +457,6 @@ def _check_contraction(state: TraceState, node: ir.Expr, rvars: list[ir.Var]) ->
     einsum: in `hd.sum(x[n, c, i + r, j + s] * w[k, c, r, s])` dimension 1 of x and of w are both c.
     If they differ (a conv whose channel counts disagree), the sum would skip part of one tensor or
     read past the other."""
-    from halide_ad.solver.bounds import guarded_loads
     seen: dict[ir.Var, tuple[ir.Load, int, int]] = {}
     for load, conds in guarded_loads(node):
         if conds:  # under a select (constant_exterior): partial reads may be the point

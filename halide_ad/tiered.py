@@ -36,28 +36,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from halide_ad import config
 from halide_ad.ad import reverse_mode
 from halide_ad.ir import Load, Program, Reduce
 from halide_ad.runtime import reference
-from halide_ad.runtime.compile import jit_enabled
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import walk
 
-DEFAULT_MAX_WORK = 1 << 22
 INTERPRETED = "\0interpreted"  # a key of the interpreter's buffers: their gradient is interpreted too
-
-
-def enabled() -> bool:
-    return os.environ.get("HALIDE_AD_TIERED", "1") != "0" and jit_enabled()
-
-
-def _max_work() -> int:
-    return int(os.environ.get("HALIDE_AD_INTERPRET_MAX", DEFAULT_MAX_WORK))
 
 
 def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     """Whether the interpreter may run this program (and its gradient by `wrt`) on a first call."""
-    if not enabled():
+    if not config.tiered_enabled():
         return False
     work = 0
     for f in program.funcs:
@@ -70,7 +61,7 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     if wrt:
         for adjoint in reverse_mode(program, wrt):
             work += sum(math.prod(r.extent for r in s.domain) for s in adjoint.scatters)
-    return work <= _max_work()
+    return work <= config.interpret_max()
 
 
 def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -81,7 +72,7 @@ def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nda
 def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
              cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """{name: gradient} for `wrt`, from `forward`'s buffers, by running reverse mode's scatters."""
-    return reference.scatter_adjoints(program, wrt, buffers, cotangents)
+    return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents)
 
 
 _executor: ThreadPoolExecutor | None = None
@@ -113,4 +104,4 @@ if hasattr(os, "register_at_fork"):  # a forked child has no compiling thread
     os.register_at_fork(after_in_child=_forget_executor)
 
 
-__all__ = ["INTERPRETED", "backward", "enabled", "forward", "in_background", "interpretable", "settle"]
+__all__ = ["INTERPRETED", "backward", "forward", "in_background", "interpretable", "settle"]

@@ -188,3 +188,11 @@ def simplify(e: Expr) -> Expr:
 
 def is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 0 and not isinstance(e.value, bool)
+
+
+def flat_index(rvars: tuple[Range, ...]) -> Expr:
+    """The position of a point in reduction order (row-major, first variable outermost)."""
+    out: Expr = const(0)
+    for r in rvars:
+        out = Bin(Op.ADD, Bin(Op.MUL, out, const(r.extent)), Bin(Op.SUB, r.var, const(r.lo)))
+    return simplify(out)

@@ -11,11 +11,12 @@ HALIDE_AD_POOL_BYTES caps the bytes kept (default 1 GiB; 0 turns recycling off).
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 
 import numpy as np
+
+from halide_ad import config
 
 MIN_POOLED_BYTES = 1 << 20  # smaller arrays come from malloc's free lists cheaply already
 _UNREFERENCED = 3  # the pool's list, the local `a`, getrefcount's own argument
@@ -50,4 +51,4 @@ class BufferPool:
             total -= self.arrays.pop(0).nbytes
 
 
-pool = BufferPool(int(os.environ.get("HALIDE_AD_POOL_BYTES", str(1 << 30))))
+pool = BufferPool(config.pool_bytes())

@@ -11,20 +11,20 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 import math
-import os
 import re
 from dataclasses import dataclass, field, replace
 
+from halide_ad import config
 from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range,
                           Reduce, Select, Var, INDEX_DTYPE, adjoint_name, argindex_name, dtype_of, is_float)
 from halide_ad.show import show, show_func
 from halide_ad.solver import Gather, GatherPiece
-from halide_ad.solver.affine import Affine, linear_form
+from halide_ad.affine import Affine, linear_form
 from halide_ad.solver.bounds import checked_at_run_time, interval, is_data_dependent
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.schedule import Split, interior, piece_exprs
 from halide_ad.runtime.writer import Writer
-from halide_ad.traverse import free_vars, simplify, substitute, walk
+from halide_ad.traverse import flat_index, free_vars, simplify, substitute, walk
 
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
              "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
@@ -294,15 +294,12 @@ def _is_power_of_two(k) -> bool:
     return isinstance(k, int) and not isinstance(k, bool) and k > 0 and k & (k - 1) == 0
 
 
-PARALLEL_MIN_POINTS = 1 << 17
-
-
 def _parallel_min_points() -> int:
     """Below this many points a loop nest runs serially: threads cost more than they save there
     (handing chunks to the pool and waiting for them takes ~50 us: x * w + x over 64K float32
     took 70 us on two threads, 15 us on one). Set with HALIDE_AD_PARALLEL_MIN_POINTS (0: every
     loop nest with more than one point is parallel)."""
-    return int(os.environ.get("HALIDE_AD_PARALLEL_MIN_POINTS", str(PARALLEL_MIN_POINTS)))
+    return config.parallel_min_points()
 
 
 def settings() -> tuple:
@@ -597,7 +594,6 @@ def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str |
 
 def _emit_extremum(w: Writer, em: Emitter, r: Reduce) -> None:
     """acc = the max or min of `r`, arg = its position in reduction order (-1 if empty)."""
-    from halide_ad.ad import flat_index
     w.line(f"acc = {reduce_init(r, em)}")
     w.line("arg = -1")
     depth = w.depth

@@ -18,6 +18,7 @@ import threading
 import numba
 import numpy as np
 
+from halide_ad import __version__, config
 from halide_ad.runtime import vmath
 from halide_ad.runtime.parallel import parallel_for
 
@@ -48,26 +49,13 @@ _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
 
-def cache_dir() -> str:
-    path = os.environ.get("HALIDE_AD_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "halide_ad")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
 @functools.cache
 def _version_salt() -> str:
     """What a kernel's machine code depends on besides its text: numba's cache does not notice
     a change in the functions it inlines from `vmath`."""
-    from halide_ad import __version__
     with open(vmath.__file__, "rb") as fh:
         inlined = hashlib.sha256(fh.read()).hexdigest()[:12]
     return f"{__version__}|{numba.__version__}|{np.__version__}|{sys.version_info[:2]}|{inlined}"
-
-
-def jit_enabled() -> bool:
-    """HALIDE_AD_JIT=0 runs the generated Python as plain Python (slow; to debug kernels)."""
-    return os.environ.get("HALIDE_AD_JIT", "1") != "0"
 
 
 def _checked(i, n, status, which):
@@ -89,14 +77,14 @@ def interpret_kernel(source: str, entry: str, title: str):
 def compile_kernel(source: str, entry: str, title: str):
     """`entry` defined in `source`, with the numba functions it calls compiled on first call, then
     cached on disk, where a corrupted or stale entry is detected and rebuilt."""
-    if not jit_enabled():
+    if not config.jit_enabled():
         return interpret_kernel(source, entry, title)
     text = HEADER.format(title=title) + source
     digest = hashlib.sha256((_version_salt() + text).encode()).hexdigest()[:24]
     with _lock:
         if digest in _loaded:
             return _loaded[digest]
-        path = os.path.join(cache_dir(), f"k_{digest}.py")
+        path = os.path.join(config.cache_dir(), f"k_{digest}.py")
         stale = not _file_matches(path, text)  # missing, truncated or garbled: write it afresh
         if stale:
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")

@@ -31,7 +31,7 @@ from halide_ad.show import show
 from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.direct_conv import DirectConvolution, convolution
 from halide_ad.runtime.parallel import by_rows, copy_all, each_image, matmul
-from halide_ad.solver.affine import linear_form
+from halide_ad.affine import linear_form
 
 MAX_TAPS = 64
 MIN_CONTRACTED = 16  # below this many summed points a fused loop nest is as good

@@ -34,7 +34,8 @@ import numba
 import numpy as np
 
 from halide_ad.runtime.buffers import pool
-from halide_ad.runtime.compile import compile_kernel, jit_enabled
+from halide_ad import config
+from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.simd import lanes
 
 MIN_WORK = 1 << 24  # multiply-adds from which a kernel's compile (~1 s, once) pays off against BLAS's path
@@ -162,7 +163,7 @@ def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, s
     `role_names` are the buffers of out, a and b; `forms` their index components' affine terms
     ({var: coefficient, None: constant}, or None). Kernels that run as plain Python
     (HALIDE_AD_JIT=0) keep BLAS's path: the vector intrinsics exist only compiled."""
-    if not jit_enabled() or numba.config.DISABLE_JIT:
+    if not config.jit_enabled() or numba.config.DISABLE_JIT:
         return None
     if dtype not in ("float32", "float64") or len(set(role_names)) != 3 or any(len(f) != 4 for f in forms):
         return None

@@ -5,7 +5,7 @@ to divide it; `ops.sum(x * x)` writes the squares before it sums them; a pooling
 writes the relu. Each such pass over memory costs as much as the computation around it.
 
 A Func is inlined into its reader when nothing else needs it stored: it is not an output, no
-gradient reads it (`read_by_gradients`: every buffer the reverse-mode scatters of the program
+gradient reads it (`ad.read_by_gradients`: every buffer the reverse-mode scatters of the program
 read, for every input, a superset of what any gradient kernel reads), and it is not a max or min
 (their gradients read the stored argmax). It has one reader, and:
 
@@ -25,9 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from halide_ad.ad import reverse_mode
-from halide_ad.errors import HalideADError
-from halide_ad.ir import Call, Expr, Func, Load, Program, Reduce, is_float
+from halide_ad.ir import Call, Expr, Func, Load, Program, Reduce
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import children, loads, rewrite, substitute, walk
 
@@ -36,23 +34,11 @@ CHEAP_NODES = 16  # a pointwise Func this small (and free of math functions) is 
 _CHEAP_CALLS = ("neg", "not", "abs", "stop_gradient")
 
 
-def read_by_gradients(program: Program) -> set[str] | None:
-    """The Funcs and buffers any gradient of `program` may read; None when reverse mode fails
-    (the forward then stores everything, and the gradient reports the error)."""
-    wrt = tuple(b.name for b in program.inputs if is_float(b.dtype))
-    try:
-        adjoints = reverse_mode(program, wrt)
-    except HalideADError:
-        return None
-    return {n.buffer for adj in adjoints for s in adj.scatters
-            for e in (s.value, s.where, *s.index) if e is not None
-            for n in walk(e) if isinstance(n, Load)}
-
-
-def inline_stages(program: Program, is_contraction: Callable[[Func], bool]) -> tuple[Func, ...]:
+def inline_stages(program: Program, is_contraction: Callable[[Func], bool],
+                  needed: set[str] | None) -> tuple[Func, ...]:
     """`program`'s Funcs, each one that need not be stored inlined into its reader (see the module's
-    doc). Inlining into a reader updates it before it is itself considered."""
-    needed = read_by_gradients(program)
+    doc). `needed`: the buffers a gradient reads (`ad.read_by_gradients`), None to store them all.
+    Inlining into a reader updates it before it is itself considered."""
     if needed is None:
         return program.funcs
     keep = needed | set(program.outputs)

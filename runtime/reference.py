@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from halide_ad.ad import reverse_mode
 from halide_ad.errors import InternalError
 from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
                           Scatter, Select, Var, adjoint_name, argindex_name, dtype_of, is_float)
@@ -181,10 +180,11 @@ def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> Non
     np.add.at(adj.reshape(-1), position, value)
 
 
-def scatter_adjoints(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
+def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
                      cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """{name: gradient} for each name in `wrt`, in that buffer's dtype, by running reverse mode's
-    Scatters as written: adj_B = (cotangent of B if B is an output) + sum of B's scatters.
+    Scatters as written (`adjoints`: `ad.reverse_mode(program, wrt)`, outputs first):
+    adj_B = (cotangent of B if B is an output) + sum of B's scatters.
 
     `buffers` holds the forward pass: the inputs and what `evaluate` returns (argindex buffers
     included), e.g. `inputs | evaluate(program, inputs)`; 0-d buffers may come as shape (1,).
@@ -196,7 +196,7 @@ def scatter_adjoints(program: Program, wrt: tuple[str, ...], buffers: dict[str, 
     env_buffers = {k: np.asarray(a).reshape(shapes[k]) if k in shapes else np.asarray(a)
                    for k, a in buffers.items()}
     with np.errstate(all="ignore"):
-        for adjoint in reverse_mode(program, wrt):  # outputs first: a scatter reads earlier adjoints
+        for adjoint in adjoints:  # outputs first: a scatter reads earlier adjoints
             adj = np.zeros(adjoint.shape, adjoint.dtype)
             if adjoint.seeded:
                 if adjoint.buffer not in cotangents:

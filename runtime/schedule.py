@@ -24,7 +24,7 @@ from halide_ad.ir import (COMPARISONS, INDEX_DTYPE, Bin, Call, Const, Expr, Load
                           is_float)
 from halide_ad.runtime.contract import factors
 from halide_ad.solver import Gather, GatherPiece
-from halide_ad.solver.affine import Affine, linear_form
+from halide_ad.affine import Affine, linear_form
 from halide_ad.solver.bounds import interval, is_data_dependent
 from halide_ad.solver.invert import piece_is_empty
 from halide_ad.traverse import larger_than, rewrite, simplify, substitute, walk

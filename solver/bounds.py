@@ -12,7 +12,7 @@ from halide_ad.solver import z3_bridge
 from halide_ad.solver.z3_bridge import Query, Unsupported
 from halide_ad.traverse import children, rewrite, simplify, substitute, walk
 
-Interval = tuple[int, int]  # inclusive
+from halide_ad.affine import Interval
 
 
 def interval(e: Expr, ranges: dict[Var, Interval]) -> Interval | None:

@@ -18,7 +18,7 @@ is checked by z3 (both directions: the gather enumerates exactly the preimage) b
 Whatever cannot be inverted or proved becomes a `Fallback` scatter, parallel over a loop variable
 that z3 proves gives distinct write addresses.
 
-Results are cached in memory and on disk (solver/disk_cache.py, next to the compiled kernels), so a
+Results are cached in memory and on disk (halide_ad/disk_cache.py, next to the compiled kernels), so a
 new process does not run z3 again; a result for which any z3 query timed out is not stored on disk.
 """
 from __future__ import annotations
@@ -29,10 +29,11 @@ import threading
 import warnings
 from dataclasses import dataclass
 
+from halide_ad import disk_cache
+from halide_ad.affine import Affine, Constraint, Linearizer
 from halide_ad.errors import HalideADWarning
 from halide_ad.ir import Bin, Call, Expr, Op, Range, Scatter, Select, Var, const
-from halide_ad.solver import disk_cache, z3_bridge
-from halide_ad.solver.affine import Affine, Constraint, Linearizer
+from halide_ad.solver import z3_bridge
 from halide_ad.solver.bounds import box, interval
 from halide_ad.solver.z3_bridge import Query, Unsupported
 from halide_ad.traverse import conjuncts, simplify, substitute
@@ -95,7 +96,7 @@ _cache_lock = threading.Lock()
 def invert(scatter: Scatter, shape: tuple[int, ...], new_vars: tuple[Var, ...]) -> Gather | Fallback:
     """The gather form of `scatter` into a buffer of `shape`, over `new_vars`, else a Fallback.
 
-    Cached in memory, and on disk (solver/disk_cache.py) unless a z3 query timed out on the way.
+    Cached in memory, and on disk (halide_ad/disk_cache.py) unless a z3 query timed out on the way.
     """
     key = (scatter, shape, new_vars)
     with _cache_lock:

@@ -5,18 +5,18 @@ any other divisor is refused (Unsupported), never guessed.
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import z3
 
+from halide_ad import config
 from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of
 from halide_ad.show import show
 from halide_ad.traverse import free_vars, walk
 
-DEFAULT_TIMEOUT_MS = int(os.environ.get("HALIDE_AD_Z3_TIMEOUT_MS", "2000"))  # per query
+DEFAULT_TIMEOUT_MS = config.z3_timeout_ms()  # per query
 Z3_VERSION = z3.get_version_string()
 
 _unknown_lock = threading.Lock()

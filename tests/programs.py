@@ -2,9 +2,16 @@
 import numpy as np
 
 import halide_ad as hd
+from halide_ad.ad import reverse_mode
+from halide_ad.runtime import reference
 
 VIEWS = {"repeat_edge": hd.repeat_edge, "constant_exterior": hd.constant_exterior, "mirror": hd.mirror}
 NUMPY_PAD = {"repeat_edge": "edge", "constant_exterior": "constant", "mirror": "reflect"}
+
+
+def scatter_adjoints(program, wrt, buffers, cotangents):
+    """The oracle: reverse mode's scatters run as written, by numpy (`reference.scatter_adjoints`)."""
+    return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents)
 
 
 @hd.func

@@ -7,7 +7,8 @@ import warnings
 
 import numpy as np
 import pytest
-from halide_ad.runtime.reference import evaluate, scatter_adjoints
+from halide_ad.runtime.reference import evaluate
+from tests.programs import scatter_adjoints
 
 import halide_ad as hd
 from halide_ad.api import as_function

@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 import pytest
-from halide_ad.runtime.reference import evaluate, scatter_adjoints
+from halide_ad.runtime.reference import evaluate
+from tests.programs import scatter_adjoints
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 

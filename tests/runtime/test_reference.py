@@ -10,7 +10,8 @@ import pytest
 
 import halide_ad as hd
 from halide_ad.api import as_function
-from halide_ad.runtime.reference import evaluate, scatter_adjoints
+from halide_ad.runtime.reference import evaluate
+from tests.programs import scatter_adjoints
 from tests import programs as P
 
 CASES = {

@@ -15,7 +15,8 @@ import halide_ad as hd
 from halide_ad.api import as_function
 from halide_ad.errors import SourceLoc
 from halide_ad.ir import Bin, Load, Op, Range, Scatter, Var, const
-from halide_ad.runtime.reference import evaluate, scatter_adjoints
+from halide_ad.runtime.reference import evaluate
+from tests.programs import scatter_adjoints
 from halide_ad.solver import Fallback, Gather
 
 from tests import programs as P
@@ -90,7 +91,7 @@ def test_entries_depend_on_the_key_and_the_salt(folder, monkeypatch):
     inv.invert(SHIFT, (8,), (j,))  # another shape: another entry
     assert len(entries(folder)) == 3
     monkeypatch.setattr(inv, "_cache", {})
-    disk_cache = importlib.import_module("halide_ad.solver.disk_cache")
+    disk_cache = importlib.import_module("halide_ad.disk_cache")
     monkeypatch.setattr(disk_cache, "_salt", lambda: "another version of the solver")
     calls = new_process(monkeypatch)
     invert(WINDOW)

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import halide_ad as hd
 from halide_ad.api import as_function
-from halide_ad.runtime.reference import evaluate, scatter_adjoints
+from halide_ad.runtime.reference import evaluate
+from tests.programs import scatter_adjoints
 
 EXAMPLES = int(os.environ.get("HALIDE_AD_PROPERTY_EXAMPLES", "500"))
 VIEWS = [None, hd.repeat_edge, hd.mirror, hd.constant_exterior]

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Op, Var, const, is_float
-from halide_ad.solver.bounds import Interval
+
+Interval = tuple[int, int]  # inclusive bounds of an integer expression
 
 
 @dataclass(frozen=True)

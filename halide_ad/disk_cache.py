@@ -1,9 +1,10 @@
 """Solver results and generated gradient code on disk, so that a new process does not run z3
-(or the scheduler, which asks z3 too) again for a program it compiled before.
+(or the scheduler, which asks z3 too) again for a program it compiled before. It needs neither z3
+nor numba: the solver and the driver both store through it.
 
 One file per entry in `<cache dir>/solver/` (the kernels' cache dir: `HALIDE_AD_CACHE_DIR`, else
-`~/.cache/halide_ad`), named by a sha256 of the key's repr and a salt: halide_ad's, z3's and Python's
-versions and a hash of halide_ad's source, so that editing the compiler invalidates old entries.
+`~/.cache/halide_ad`), named by a sha256 of the key's repr and a salt: z3's and Python's versions and
+a hash of halide_ad's source, so that editing the compiler invalidates old entries.
 A file holds a sha256 of its payload, then the pickled (repr(key), value): a file that is
 truncated, garbled, unreadable or for another key is a miss, never trusted, and the recomputed
 value replaces it. Writes go to a temporary file in the same folder and `os.replace` it, so
@@ -14,29 +15,32 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import pickle
 import sys
 import tempfile
 
+from halide_ad import config
+
 
 @functools.cache
 def _salt() -> str:
-    import halide_ad
-    from halide_ad import __version__, runtime
-    from halide_ad.solver import z3_bridge
-    source = hashlib.sha256()  # of all of halide_ad: solver results and generated code both depend on it
-    for package in (halide_ad, runtime, sys.modules[__package__]):
-        for path in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(package.__file__)), "*.py"))):
+    """z3's and Python's versions and a hash of all of halide_ad's source: solver results
+    and generated code both depend on it. The packages are found without importing them."""
+    source = hashlib.sha256()
+    for package in ("halide_ad", "halide_ad.solver", "halide_ad.runtime"):
+        folder = os.path.dirname(importlib.util.find_spec(package).origin)
+        for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
             with open(path, "rb") as fh:
                 source.update(fh.read())
-    return f"{__version__}|{z3_bridge.Z3_VERSION}|{sys.version_info[:2]}|{source.hexdigest()}"
+    return f"{importlib.metadata.version('z3-solver')}|{sys.version_info[:2]}|{source.hexdigest()}"
 
 
 def _path(key_text: str) -> str:
-    from halide_ad.runtime.compile import cache_dir
     name = hashlib.sha256((_salt() + "\n" + key_text).encode()).hexdigest()
-    return os.path.join(cache_dir(), "solver", f"{name}.pickle")
+    return os.path.join(config.cache_dir(), "solver", f"{name}.pickle")
 
 
 def load(key):
@@ -54,15 +58,14 @@ def load(key):
         return None
 
 
-def cached(key, compute):
-    """`compute()`, or its value stored for `key` by an earlier call or process. Not stored when a
-    z3 query answered 'unknown' meanwhile: a later run, with more time, may do better."""
-    from halide_ad.solver import z3_bridge
+def cached(key, compute, keep=lambda: True):
+    """`compute()`, or its value stored for `key` by an earlier call or process. Stored only where
+    `keep()` holds once it is computed (the driver passes: no z3 query answered 'unknown' meanwhile,
+    so that a later run, with more time, may do better)."""
     value = load(key)
     if value is None:
-        unknowns = z3_bridge.unknown_answers()
         value = compute()
-        if z3_bridge.unknown_answers() == unknowns:
+        if keep():
             store(key, value)
     return value
 

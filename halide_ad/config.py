@@ -1,0 +1,70 @@
+"""Every HALIDE_AD_* setting, in one place.
+
+Each is read from the environment when it is asked for, so that a test or a user can change it in a
+running process (the compiled kernels key on the settings that shape them).
+
+| variable | default | effect |
+|---|---|---|
+| HALIDE_AD_CACHE_DIR | `$XDG_CACHE_HOME/halide_ad` or `~/.cache/halide_ad` | compiled kernels, solver results and generated code |
+| HALIDE_AD_JIT | 1 | 0 runs the generated Python as plain Python (slow; to debug kernels) |
+| HALIDE_AD_TIERED | 1 | 0 turns off running a small program's first calls on the interpreter |
+| HALIDE_AD_INTERPRET_MAX | 2**22 | the most element operations of a pass that the interpreter takes |
+| HALIDE_AD_MAX_POINTS | 2**36 | the most points of a Func's domain that a trace accepts |
+| HALIDE_AD_PARALLEL_MIN_POINTS | 2**17 | the fewest points of a loop nest that run on the thread pool |
+| HALIDE_AD_POOL_BYTES | 2**30 | bytes of freed buffers kept for reuse (read at import) |
+| HALIDE_AD_Z3_TIMEOUT_MS | 2000 | z3's time limit per query (read at import) |
+| HALIDE_AD_DUMP | (none) | comma-separated stages to print while compiling (`source`) |
+"""
+from __future__ import annotations
+
+import os
+
+
+def _int(name: str, default: int) -> int:
+    return int(os.environ.get(name, str(default)))
+
+
+def cache_dir() -> str:
+    path = os.environ.get("HALIDE_AD_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "halide_ad")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def jit_enabled() -> bool:
+    return os.environ.get("HALIDE_AD_JIT", "1") != "0"
+
+
+def tiered_enabled() -> bool:
+    return os.environ.get("HALIDE_AD_TIERED", "1") != "0" and jit_enabled()
+
+
+INTERPRET_MAX = 1 << 22
+MAX_POINTS = 1 << 36
+PARALLEL_MIN_POINTS = 1 << 17
+POOL_BYTES = 1 << 30
+Z3_TIMEOUT_MS = 2000
+
+
+def interpret_max() -> int:
+    return _int("HALIDE_AD_INTERPRET_MAX", INTERPRET_MAX)
+
+
+def max_points() -> int:
+    return _int("HALIDE_AD_MAX_POINTS", MAX_POINTS)
+
+
+def parallel_min_points() -> int:
+    return _int("HALIDE_AD_PARALLEL_MIN_POINTS", PARALLEL_MIN_POINTS)
+
+
+def pool_bytes() -> int:
+    return _int("HALIDE_AD_POOL_BYTES", POOL_BYTES)
+
+
+def z3_timeout_ms() -> int:
+    return _int("HALIDE_AD_Z3_TIMEOUT_MS", Z3_TIMEOUT_MS)
+
+
+def dumped(stage: str) -> bool:
+    return stage in os.environ.get("HALIDE_AD_DUMP", "").split(",")
