@@ -7,26 +7,16 @@ never into a Jacobian. The solver then turns each Scatter into a gather where it
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from halide_ad.affine import linear_form
 from halide_ad.errors import HalideADError, InternalError, NotDifferentiableError
-from halide_ad.ir import (Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
+from halide_ad.ir import (Adjoint, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
                           Select, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
 from halide_ad.traverse import (children, conjunction, conjuncts, flat_index, is_zero, loads, simplify,
                                 substitute, walk)
-
-
-@dataclass(frozen=True)
-class Adjoint:
-    """adj_<buffer> = (cotangent if seeded) + the sum of `scatters`."""
-    buffer: str
-    shape: tuple[int, ...]
-    dtype: str
-    seeded: bool
-    scatters: tuple[Scatter, ...]
 
 
 def _over(g: Expr, b: Expr) -> Expr:

@@ -13,9 +13,10 @@ import numpy as np
 
 from halide_ad import ir, tiered
 from halide_ad.ad import without_unused_argindex
-from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
-                                compile_gradient)
+from halide_ad.compiler import compile_forward, compile_gradient
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
+from halide_ad.runtime.execute import BackwardRun, ForwardRun, Kernel
+from halide_ad.runtime.plans import AdjointPlan
 from halide_ad.tensor import BoundaryView, Tensor, compute
 from halide_ad.trace import TraceState, current, tracing
 from halide_ad.traverse import walk

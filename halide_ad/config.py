@@ -13,7 +13,8 @@ running process (the compiled kernels key on the settings that shape them).
 | HALIDE_AD_PARALLEL_MIN_POINTS | 2**17 | the fewest points of a loop nest that run on the thread pool |
 | HALIDE_AD_POOL_BYTES | 2**30 | bytes of freed buffers kept for reuse (read at import) |
 | HALIDE_AD_Z3_TIMEOUT_MS | 2000 | z3's time limit per query (read at import) |
-| HALIDE_AD_DUMP | (none) | comma-separated stages to print while compiling (`source`) |
+| HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, `source` |
+| HALIDE_AD_SKIP | (none) | optional passes to leave out, comma-separated: `route` (engines), `inline` (adjoints), `fuse` (forward) |
 """
 from __future__ import annotations
 
@@ -68,3 +69,7 @@ def z3_timeout_ms() -> int:
 
 def dumped(stage: str) -> bool:
     return stage in os.environ.get("HALIDE_AD_DUMP", "").split(",")
+
+
+def skipped(name: str) -> bool:
+    return name in os.environ.get("HALIDE_AD_SKIP", "").split(",")

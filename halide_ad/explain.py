@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from halide_ad import config, ir
 from halide_ad.ad import clamps_into_extrema
 from halide_ad.api import as_function
-from halide_ad.show import show, show_func
+from halide_ad.show import show_func, show_scatter
 from halide_ad.runtime.contract import Contraction
 from halide_ad.solver import Fallback
 
@@ -71,11 +71,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
             if isinstance(c, Contraction):
                 routed, c = f"  [computed by {c.engine}]", c.inverse
             s = c.scatter
-            formula = f"adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
-            formula += "  for " + ", ".join(f"{r.var.name} in [{r.lo}, {r.hi})" for r in s.domain)
-            if s.where is not None:
-                formula += f" if {show(s.where)}"
-            formula += routed
+            formula = show_scatter(s) + routed
             if plan.inlined:
                 formula += "  [not stored: computed where it is read]"
             elif staged:

@@ -298,3 +298,13 @@ class Scatter:
     domain: tuple[Range, ...]
     where: Expr | None = None
     loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Adjoint:
+    """adj_<buffer> = (cotangent if seeded) + the sum of `scatters`."""
+    buffer: str
+    shape: tuple[int, ...]
+    dtype: str
+    seeded: bool
+    scatters: tuple[Scatter, ...]

@@ -1,7 +1,7 @@
 """`show(e)`: an expression as a person would write it, e.g. `2 * (j - 1) + 1`."""
 from __future__ import annotations
 
-from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Select, Var
+from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Scatter, Select, Var
 
 _PRECEDENCE = {Op.OR: 1, Op.AND: 2, Op.EQ: 3, Op.NE: 3, Op.LT: 3, Op.LE: 3, Op.GT: 3, Op.GE: 3,
                Op.ADD: 4, Op.SUB: 4, Op.MUL: 5, Op.DIV: 5, Op.FLOORDIV: 5, Op.MOD: 5, Op.POW: 7}
@@ -49,6 +49,13 @@ def _show(e: Expr) -> tuple[str, int]:
 def _paren(e: Expr, min_precedence: int) -> str:
     text, p = _show(e)
     return f"({text})" if p < min_precedence else text
+
+
+def show_scatter(s: Scatter) -> str:
+    """`adj_x[i + r] += g[i] * w[r]  for i in [0, 8), r in [0, 3) if ...`"""
+    text = f"adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+    text += "  for " + ", ".join(f"{r.var.name} in [{r.lo}, {r.hi})" for r in s.domain)
+    return text + (f" if {show(s.where)}" if s.where is not None else "")
 
 
 def show_func(f: Func) -> str:

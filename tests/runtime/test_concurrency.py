@@ -163,7 +163,8 @@ import glob, os, sys
 import numpy as np
 import halide_ad as hd
 from halide_ad.api import as_function
-from halide_ad.compiler import compile_forward, run_forward
+from halide_ad.compiler import compile_forward
+from halide_ad.runtime.execute import run_forward
 from halide_ad.runtime import compile as C
 from tests import programs as P
 

@@ -11,7 +11,7 @@ from halide_ad.runtime.contract import (SMALL_PRODUCT, Contraction, _Lazy, _matm
                                          _Shifted, _stand_in, _unwritten)
 
 import halide_ad as hd
-from halide_ad import compiler
+from halide_ad.runtime import route
 
 CASES = [  # (a subscripts, b subscripts, out subscripts, sizes)
     ("ik", "kj", "ij", dict(i=5, j=7, k=3)),
@@ -136,7 +136,7 @@ def test_input_gradient_as_correlation_matches_torch(stride, taps, tap_products,
         monkeypatch.setattr(parallel, "PARALLEL_COPY_BYTES", 0)
         monkeypatch.setattr(parallel, "SMALL_MATMUL", 0)
     if not tap_products:
-        monkeypatch.setattr(compiler, "MAX_TAP_PRODUCT_BYTES", 0)
+        monkeypatch.setattr(route, "MAX_TAP_PRODUCT_BYTES", 0)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 3, 10, 11))
     w = rng.standard_normal((16, 3) + taps)
@@ -300,7 +300,7 @@ def test_strided_input_gradient_zeroes_what_it_does_not_write(monkeypatch):
     writes its phases' windows over whatever the buffer held and zeroes only what no window
     reaches (x's last row, which no output reads): a buffer recycled dirty still comes out right."""
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(compiler, "MAX_TAP_PRODUCT_BYTES", 0)
+    monkeypatch.setattr(route, "MAX_TAP_PRODUCT_BYTES", 0)
     seen = []
     real = Contraction.accumulate
 

@@ -1,4 +1,4 @@
-"""Forward fusion (runtime/fusion.py): which Funcs the forward computes where they are read, and
+"""Forward fusion (runtime/inline.py): which Funcs the forward computes where they are read, and
 that values and gradients are unchanged (against numpy, PyTorch and finite differences)."""
 import re
 
