@@ -23,10 +23,11 @@ from halide_ad.ir import Adjoint, Load, Program, Reduce, adjoint_name, is_float
 from halide_ad.runtime.codegen import emit_backward, emit_forward, settings as codegen_settings, split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
+from halide_ad.runtime.engines.direct_conv import DirectPlan
 from halide_ad.runtime.execute import ContractionStep, Kernel, NumbaStep
 from halide_ad.runtime.inline import inline_adjoints, inline_stages
 from halide_ad.runtime.plans import AdjointPlan, gather_vars
-from halide_ad.runtime.route import route
+from halide_ad.runtime.route import route, with_engine
 from halide_ad.runtime.schedule import piece_exprs
 from halide_ad.show import show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
@@ -90,7 +91,8 @@ def compile_forward(program: Program) -> Kernel:
 def _func_contraction(f, shapes) -> Contraction | None:
     if not (isinstance(f.body, Reduce) and f.body.op == "sum" and is_float(f.dtype)):
         return None
-    return contraction(f.name, f.vars, f.body.body, f.domain + f.body.rvars, f.body.where, shapes)
+    c = contraction(f.name, f.vars, f.body.body, f.domain + f.body.rvars, f.body.where, shapes)
+    return None if c is None else with_engine(c)
 
 
 def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
@@ -174,7 +176,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
 
 def _calls(c: Contraction) -> str:
     """How the BLAS calls of a contraction go, as its source comment says."""
-    if c.direct is not None:
+    if isinstance(c.plan, DirectPlan):
         return ""
     taps = ", ".join(t.var.name for t in c.taps)
     return f", per tap of {taps}" if taps else ", one call"

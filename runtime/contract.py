@@ -1,41 +1,24 @@
-"""Contractions routed to BLAS.
-
-A reduction of a product of two tensors whose indices are plain variables, `y[i, j] = sum_k
-x[i, k] * w[k, j]`, or a convolution's adjoint, `adj_x[n, c, i + r, j + s] += adj_y[n, k, i, j] *
-w[k, c, r, s]`, is a matrix product: BLAS computes it far faster than any loop nest we generate.
-Window variables that are added to another variable (r, s above) are taps: an operand read at an
-offset is stacked once per tap of its last offset axis (s: a third of im2col's copy), and the
-other taps (r) loop around BLAS calls on views of that copy, or, where they shift the output (an
-input gradient), become rows of one product whose slices are summed shifted; an output written
-at an offset gets one window per tap added (col2im). Written at a stride (`adj_x[n, c, 2*i +
-r]`), the compiler instead asks for the product of every tap, which a generated gather adds up
-(`tap_product_vars`). `_matmul` lays each product out as BLAS
-calls on views, batched over the image index, so that neither the operands nor the products are
-copied again. All of that depends on the shapes and dtypes alone: a contraction works it out
-once, on stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and
-products, and each call runs the plan (the Python that derives it cost ~1 ms of a convolution's
-gradient). A big 2-D convolution, its forward and both gradients, runs direct SIMD kernels
-instead (`Contraction.direct`, `runtime/direct_conv.py`).
+"""Contractions: a reduction of a product of two tensors whose indices are plain variables, `y[i,
+j] = sum_k x[i, k] * w[k, j]`, or a convolution's adjoint, `adj_x[n, c, i + r, j + s] += adj_y[n,
+k, i, j] * w[k, c, r, s]`, is a matrix product: BLAS or a direct convolution kernel computes it far
+faster than any loop nest we generate. This module recognizes them (`contraction`) and keeps
+their math; the engines under runtime/engines/ plan and run them, and runtime/route.py picks
+one. Window variables that are added to another variable (r, s above) are taps.
 """
 from __future__ import annotations
 
 import functools
-import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from halide_ad.affine import linear_form
 from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float
 from halide_ad.show import show
-from halide_ad.runtime.buffers import pool
-from halide_ad.runtime.direct_conv import DirectConvolution, convolution
-from halide_ad.runtime.parallel import by_rows, copy_all, each_image, matmul
-from halide_ad.affine import linear_form
 
 MAX_TAPS = 64
 MIN_CONTRACTED = 16  # below this many summed points a fused loop nest is as good
-SMALL_PRODUCT = 1 << 16  # products this small are cheap to write in any order (a weight gradient)
 
 
 @dataclass(frozen=True)
@@ -52,6 +35,7 @@ class Contraction:
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
     formula: str
     inverse: object = None  # the solver's verified gather for the same term, which hd.explain reports
+    plan: object = field(default=None, compare=False, repr=False)  # its engine's (runtime/route.py)
 
     @property
     def form(self) -> str:
@@ -63,637 +47,38 @@ class Contraction:
 
     @property
     def engine(self) -> str:
-        if self.direct is not None:
-            return "a direct convolution kernel"
-        return "BLAS" if self.b is not None else "numpy"
-
-    @functools.cached_property
-    def direct(self) -> DirectConvolution | None:
-        """The SIMD kernel that computes this contraction where it is a 2-D convolution or one of
-        its gradients (`runtime/direct_conv.py`), else None."""
-        if self.b is None or self.a.dtype != self.b.dtype:
-            return None
-        forms = [[_terms(e) for e in index] for index in (self.out_index, self.a.index, self.b.index)]
-        return convolution((self.out, self.a.buffer, self.b.buffer), forms, self.domain, dict(self.shapes),
-                           self.scale, self.a.dtype)
+        return self.plan.name
 
     def accumulate(self, buffers: dict[str, np.ndarray], *, assign: bool = False) -> None:
-        """out += the contraction, or with `assign`, out = it (zero where it does not write).
+        """out += the contraction, or with `assign`, out = it (zero where it does not write), by
+        its engine."""
+        self.plan.accumulate(buffers, assign=assign)
 
-        BLAS products over all taps (`_matmul`). Taps that shift the output window (as in a
-        convolution's input gradient) move onto the operand that carries the window
-        (`_correlation`); where they cannot, their products are added window by window. Which
-        views, copies and products that takes depends on the shapes and dtypes alone: it is
-        worked out once (`_plan`), and each call only runs it.
 
-        A convolution big enough runs image by image on the threads (`images`): each image's
-        copies, products and sums run one after the other on one thread, while what they wrote
-        is still in its cache (conv2d's input gradient: 8.5 -> 7.4 ms)."""
-        if self.b is None:
-            self._sum(buffers, assign)
-            return
-        shapes = dict(self.shapes)
-        arrays = {n: buffers[n].reshape(shapes[n]) for n in (self.out, self.a.buffer, self.b.buffer)}
-        if self.direct is not None and all(a.dtype == self.direct.dtype for a in arrays.values()):
-            self.direct.run(arrays, assign)
-            return
-        if self.images is None:
-            self._plan_for(shapes, arrays).run(arrays, self.scale, assign)
-            return
-        var, count, split = self.images
-        plan = self._plan_for({n: (1, *s[1:]) if n in split else s for n, s in shapes.items()}, arrays,
-                              {var: Range(var, 0, 1)})
-        out = arrays[self.out]
-        partial = None if self.out in split else pool.empty((count, *out.shape), out.dtype)
 
-        def image(j: int) -> None:
-            one = {n: a[j:j + 1] if n in split else a for n, a in arrays.items()}
-            if partial is not None:  # the images are summed: each writes its own part, added up below
-                one[self.out] = partial[j]
-            plan.run(one, self.scale, assign or partial is not None)
+def variables(e: Expr) -> set[Var]:
+    return {v for v, c in terms(e).items() if v is not None and c}
 
-        each_image(image, count)
-        if partial is not None:
-            _add(out, [partial.sum(axis=0)], 1.0, assign)
 
-    MIN_IMAGE_WORK = 1 << 22  # multiply-adds per image from which images run one by one
+def used(index) -> set[Var]:
+    return set().union(*map(variables, index))
 
-    @functools.cached_property
-    def images(self) -> tuple[Var, int, frozenset[str]] | None:
-        """The image variable, its count and the arrays that have it as their first axis, where
-        the contraction has taps (a convolution), some operand's first axis is that variable's
-        whole range, every read of an array reads it there or not at all, and each image's
-        share is at least MIN_IMAGE_WORK; else None."""
-        shapes = dict(self.shapes)
-        taps = {t.var for t in self.taps}
-        reads = ((self.out, self.out_index), (self.a.buffer, self.a.index), (self.b.buffer, self.b.index))
-        for operand in (self.a, self.b) if taps else ():
-            first = _terms(operand.index[0]) if operand.index else None
-            var = next((v for v in first or () if v is not None), None)
-            if var is None or var in taps or first != {var: 1, None: 0}:
-                continue
-            r = next(r for r in self.domain if r.var == var)
-            split = frozenset(name for name, index in reads if var in _used(index))
-            # (an array read twice is split only if both reads allow it)
-            if r.lo == 0 and r.extent > 1 and all(
-                    name not in split or (_terms(index[0]) == first and var not in _used(index[1:])
-                                          and shapes[name][0] == r.extent) for name, index in reads):
-                work = math.prod(d.extent for d in self.domain) // r.extent
-                return (var, r.extent, split) if work >= self.MIN_IMAGE_WORK else None
-        return None
 
-    def _plan_for(self, shapes: dict, arrays: dict, ranges: dict | None = None) -> _Plan:
-        """The plan for arrays of these shapes and of the dtypes of `arrays`, with the ranges of
-        some variables replaced (see `_plan`), made once."""
-        dtypes = {n: a.dtype for n, a in arrays.items()}
-        key = tuple((n, shapes[n], dtypes[n]) for n in sorted(arrays))
-        plans = self.__dict__.setdefault("_plans", {})  # frozen, but a cache is not a field
-        if key not in plans:
-            plans[key] = self._plan(shapes, dtypes, ranges or {})
-        return plans[key]
-
-    def _sum(self, buffers: dict[str, np.ndarray], assign: bool) -> None:
-        """out (+)= scale * a summed over the variables out does not have, by numpy, which sums
-        along memory: the gather would walk each output's window across rows, one element a
-        cache line (dense's bias gradient, 512 rows of 1024: 2.03 -> 0.35 ms)."""
-        shapes = dict(self.shapes)
-        ranges = {r.var: r for r in self.domain}
-        letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
-        a = buffers[self.a.buffer].reshape(shapes[self.a.buffer])
-        view, subs = _view(a, self.a.index, {}, ranges, letters)
-        key, out_subs = _window(self.out_index, {}, ranges, letters)
-        out = buffers[self.out].reshape(shapes[self.out])
-        if assign:
-            out.fill(0)
-        # (a sum to one number is a numpy scalar, which _write cannot scale in place)
-        _write(out[key], np.asarray(np.einsum(f"{subs}->{out_subs}", view)), self.scale, False)
-
-    def _plan(self, shapes: dict, dtypes: dict, replaced: dict[Var, Range]) -> _Plan:
-        """The work for buffers of these shapes and dtypes (see `_Plan`), derived on stand-in
-        arrays, with the variables in `replaced` running over those ranges instead."""
-        plan = _Plan(self.out)
-        arrays = {n: _Lazy(n, (), _stand_in(shapes[n], dtypes[n])) for n in dtypes}
-        ranges = {r.var: r for r in self.domain} | replaced
-        letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
-        shifting = {v for e in self.out_index for v in _offset_vars(_terms(e))}
-        shifting_taps = [t for t in self.taps if t.var in shifting]
-        windows = self._correlation(shifting_taps, arrays, ranges, letters, plan)
-        if windows is None and not shifting_taps:
-            windows = self._products(arrays, ranges, letters, plan)
-        if windows is not None:  # disjoint windows: each is written once, with the sum of its products
-            plan.windows = windows
-            plan.unwritten = _unwritten([key for key, *_ in windows], shapes[self.out])
-            return plan
-        va, sa = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, (), plan)({})
-        vb, sb = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, (), plan)({})
-        so = _window(self.out_index, {t.var: t.lo for t in shifting_taps}, ranges, letters)[1]
-        windows = []
-        for values in itertools.product(*(range(t.lo, t.hi) for t in shifting_taps)):
-            env = dict(zip((t.var for t in shifting_taps), values, strict=True))
-            windows.append((_window(self.out_index, env, ranges, letters)[0],
-                            tuple(v - t.lo for v, t in zip(values, shifting_taps, strict=True))))
-        plan.sums = (va, sa, vb, sb, "".join(letters[t.var] for t in shifting_taps) + so, windows)
-        return plan
-
-    def _products(self, arrays, ranges, letters, plan):
-        """The output's windows (their indices and subscripts), each with the operand pairs whose
-        products sum into it: one pair per value of the row taps (`_row_taps`), which stay loops
-        around BLAS instead of going into the stacked copy."""
-        rows = _row_taps(self.taps, (self.a.index, self.b.index))
-        operand_a = self._operand(arrays[self.a.buffer], self.a.index, ranges, letters, rows, plan)
-        operand_b = self._operand(arrays[self.b.buffer], self.b.index, ranges, letters, rows, plan)
-        written = _used(self.out_index)
-        windows: dict[tuple, tuple] = {}
-        for values in itertools.product(*(range(t.lo, t.hi) for t in rows)):
-            env = dict(zip((t.var for t in rows), values, strict=True))
-            key = tuple(v for t, v in zip(rows, values, strict=True) if t.var in written)
-            if key not in windows:
-                windows[key] = (*_window(self.out_index, env, ranges, letters), [])
-            windows[key][2].append((operand_a(env), operand_b(env)))
-        return [(*window, [...]) for window in windows.values()]
-
-    def _correlation(self, shifting_taps, arrays, ranges, letters, plan):
-        """`out[s*i + r] += a[i] * b[r]` as correlations, `out[s*u + f] += sum_m a_padded[u - m] *
-        b[s*m + f]`, one per phase f of the stride s: the operand that carries the output's
-        window is zero-padded and stacked once per tap, so that the products of a phase, with the
-        taps summed inside BLAS, write that phase of the output, and no window sums follow (a
-        convolution's input gradient). Of the carrier's shifted axes, the last is its lane, whose
-        taps are stacked; taps of stride 1 on the others are row taps, read from the one stacked
-        copy instead of more copies. One row tap goes into the rows of one product over all of
-        the copy's padded rows, whose slices for each tap, shifted, sum into the output: BLAS
-        runs one product of 96 rows (32 channels, 3 taps) faster than three of 32 (conv2d's
-        input gradient: 11.4 -> 9.0 ms). More row taps (a 3-D convolution's) run one product per
-        tap on views of the copy, as that product would grow with their count.
-        Strided, this is the fallback for products per tap too big to keep (`tap_product_vars`).
-        Per phase: the output's window (its index), its subscripts, its operand pairs, and the
-        slices of each product that sum into the window (`...`: the whole product); None where
-        the indices are not of that form."""
-        if not shifting_taps:
-            return None
-        taps = {t.var: t for t in shifting_taps}
-        shifted = {}  # tap -> (the variable whose output axis it shifts, that variable's stride)
-        for e in self.out_index:
-            t = _terms(e)
-            vs = [v for v in t if v is not None and t[v]]
-            tap, main = [v for v in vs if v in taps], [v for v in vs if v not in taps]
-            if tap and (len(tap) != 1 or len(main) != 1 or t[tap[0]] != 1 or t[main[0]] < 1 or tap[0] in shifted):
-                return None
-            if tap:
-                shifted[tap[0]] = (main[0], t[main[0]])
-        if len(shifted) != len(taps):
-            return None
-        mains = {m for m, _ in shifted.values()}
-        # the carrier reads the shifted variables whole and no tap; the other reads only whole variables,
-        # the taps among them and none of the shifted ones
-        for carrier, other in ((self.a, self.b), (self.b, self.a)):
-            whole = _plain(other.index)
-            if (mains <= _plain(carrier.index) and not taps.keys() & _used(carrier.index)
-                    and whole == _used(other.index) and taps.keys() <= whole and not mains & whole):
-                break
-        else:
-            return None
-        axis = {v: letters[m] for v, (m, _) in shifted.items()}  # the carrier's axis each tap shifts
-        stride = {v: s for v, (_, s) in shifted.items()}
-        view, subs = _view(arrays[carrier.buffer], carrier.index, {}, ranges, letters)
-        lane = max((axis[t.var] for t in shifting_taps), key=subs.index)  # stacked; the other axes' taps loop
-        rows = [t for t in shifting_taps if stride[t.var] == 1 and axis[t.var] != lane]
-        lanes = [t for t in shifting_taps if t not in rows]
-        pad = {axis[v]: -(-t.extent // stride[v]) - 1 for v, t in taps.items()}  # most taps of a phase, less 1
-        extent = dict(zip(subs, view.shape))
-        other_view, other_subs = _view(arrays[other.buffer], other.index, {}, ranges, letters)
-        windows = []
-        for phase in itertools.product(*(range(min(stride[t.var], t.extent)) for t in lanes)):
-            first = {t.var: f for t, f in zip(lanes, phase, strict=True)} | {t.var: 0 for t in rows}
-            count = {v: -(-(taps[v].extent - f) // stride[v]) for v, f in first.items()}  # taps s*m + f
-
-            def window(m: int, v: Var) -> slice:  # tap s*m + f reads a[u - m]
-                start = pad[axis[v]] - m
-                return slice(start, start + extent[axis[v]] + count[v] - 1)
-
-            copies = []  # windows of the carrier zero-padded by `pad`, copied without a padded copy
-            for ms in itertools.product(*(range(count[t.var]) for t in lanes)):
-                at = {axis[t.var]: window(m, t.var) for t, m in zip(lanes, ms, strict=True)}
-                spans = [at.get(c, slice(0, extent[c] + 2 * pad.get(c, 0))) for c in subs]  # padded coords
-                copies.append(_Shifted(view, tuple(w.start - pad.get(c, 0) for w, c in zip(spans, subs)),
-                                       tuple(w.stop - w.start for w in spans)))
-            stacked, stacked_subs = _stacked(copies, subs, "".join(letters[t.var] for t in lanes),
-                                             [count[t.var] for t in lanes], plan)
-            of_phase = {letters[t.var]: slice(first[t.var], first[t.var] + stride[t.var] * (count[t.var] - 1) + 1,
-                                              stride[t.var]) for t in lanes}
-            wide = ranges | {m: Range(m, ranges[m].lo, ranges[m].hi + count[v] - 1) for v, (m, _) in shifted.items()}
-            starts = {v: taps[v].lo + f for v, f in first.items()}
-            out_window, out_subs = _window(self.out_index, starts, wide, letters)
-            if len(rows) == 1:  # one product with the row tap among its rows, its slices summed shifted
-                (t,) = rows
-                tap, shifted_axis = letters[t.var], axis[t.var]
-                weights = _index(other_view, other_subs, of_phase)
-                at = out_subs.index(shifted_axis)  # the tap's letter before the axis it shifts: the
-                subs = out_subs[:at] + tap + out_subs[at:]  # product is (channels x taps) x pixels
-                carried = (stacked, stacked_subs)
-                pair = (carried, weights) if carrier is self.a else (weights, carried)
-                shifts = [tuple(m if c == tap else window(m, t.var) if c == shifted_axis else slice(None)
-                                for c in subs) for m in range(t.extent)]
-                windows.append((out_window, subs, [pair], shifts))
-                continue
-            products = []
-            for ms in itertools.product(*(range(t.extent) for t in rows)):
-                carried = _index(stacked, stacked_subs,
-                                 {axis[t.var]: window(m, t.var) for t, m in zip(rows, ms, strict=True)})
-                weights = _index(other_view, other_subs,
-                                 of_phase | {letters[t.var]: m for t, m in zip(rows, ms, strict=True)})
-                products.append((carried, weights) if carrier is self.a else (weights, carried))
-            windows.append((out_window, out_subs, products, [...]))
-        return windows
-
-    def _operand(self, array, index, ranges, letters, rows, plan):
-        """The operand's view as a function of the row taps' values. Other taps it reads at an
-        offset (x[n, c, i + r]) become axes of a stacked copy (im2col) right after its first axis
-        (x_stacked[n, r, c, i]), so that they go into BLAS calls batched over that axis (see
-        `_matmul`); the copy spans the row taps' whole windows, and each of their values is a
-        view of it."""
-        offset = {t.var for t in self.taps if any(t.var in _offset_vars(_terms(e)) for e in index)}
-        stacked = [t for t in self.taps if t.var in offset and t not in rows]
-        shifted = [t for t in rows if t.var in offset]
-        if not stacked and not shifted:
-            return lambda env: _view(array, index, env, ranges, letters)
-        mains = {v: _main(index, v) for v in (t.var for t in shifted)}
-        wide = ranges | {mains[t.var]: Range(mains[t.var], ranges[mains[t.var]].lo,
-                                             ranges[mains[t.var]].hi + t.extent - 1) for t in shifted}
-        starts = {t.var: t.lo for t in shifted}
-        combos = list(itertools.product(*(range(t.lo, t.hi) for t in stacked)))
-        views = [_view(array, index, starts | dict(zip((t.var for t in stacked), values, strict=True)), wide, letters)
-                 for values in combos]
-        data, subs = _stacked([v for v, _ in views], views[0][1], "".join(letters[t.var] for t in stacked),
-                              [t.extent for t in stacked], plan)
-
-        def at(env):
-            window = {letters[mains[t.var]]: slice(env[t.var] - t.lo, env[t.var] - t.lo + ranges[mains[t.var]].extent)
-                      for t in shifted}
-            return _index(data, subs, window)
-        return at
-
-
-class _Lazy:
-    """An array that a plan reads at run time, a buffer or a temporary, indexed and reshaped
-    as the plan was built: how to get it (`__call__`), and a stand-in of its shape and dtype
-    (zero strides: no memory) that the plan is built with."""
-    __slots__ = ("source", "ops", "stand_in")
-
-    def __init__(self, source: str | int, ops: tuple, stand_in: np.ndarray):
-        self.source, self.ops, self.stand_in = source, ops, stand_in
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.stand_in.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.stand_in.dtype
-
-    def __getitem__(self, key) -> _Lazy:
-        return _Lazy(self.source, self.ops + ((False, key),), self.stand_in[key])
-
-    def reshape(self, shape: tuple[int, ...]) -> _Lazy:
-        return _Lazy(self.source, self.ops + ((True, shape),), _stand_in(shape, self.dtype))
-
-    def __call__(self, sources: dict) -> np.ndarray:
-        a = sources[self.source]
-        for reshape, arg in self.ops:
-            a = a.reshape(arg) if reshape else a[arg]
-        return a
-
-
-def _stand_in(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An array of this shape and dtype that takes no memory (every stride 0), to index."""
-    return np.broadcast_to(np.zeros((), dtype), shape)
-
-
-class _Plan:
-    """A contraction's work for given shapes and dtypes: temporaries to allocate, copies and
-    zero fills into them (stacked windows, zero where they pad an operand) in order, then BLAS
-    products written to the output's windows (`windows`: disjoint, each with the sum of its
-    products), or else one product whose slices are added window by window (`sums`)."""
-
-    def __init__(self, out: str):
-        self.out = out
-        self.temporaries: list[tuple[tuple[int, ...], np.dtype]] = []
-        self.copies: list[tuple[_Lazy, _Lazy]] = []
-        self.windows: list | None = None
-        self.unwritten: list[tuple] | None = None
-        self.sums: tuple | None = None
-
-    def temporary(self, shape: tuple[int, ...], dtype) -> _Lazy:
-        self.temporaries.append((shape, dtype))
-        return _Lazy(len(self.temporaries) - 1, (), _stand_in(shape, dtype))
-
-    def copy(self, dst: _Lazy, src: _Lazy | None) -> None:
-        """dst = src, or with no src, dst = 0."""
-        self.copies.append((dst, src))
-
-    def copy_shifted(self, dst: _Lazy, src: _Shifted) -> None:
-        """dst = src: the part of the window inside its source copied, the padding around it
-        zeroed, slab by slab. A convolution's input gradient stacked its windows from a
-        zero-padded copy of the cotangent before: a fill and a copy more of it."""
-        inside = []
-        for n, m, o in zip(dst.shape, src.source.shape, src.offset, strict=True):
-            lo = min(max(-o, 0), n)
-            inside.append((lo, max(lo, min(n, m - o))))
-        if all(hi > lo for lo, hi in inside):
-            self.copy(dst[tuple(slice(lo, hi) for lo, hi in inside)],
-                      src.source[tuple(slice(lo + o, hi + o) for (lo, hi), o in zip(inside, src.offset))])
-        for axis, (lo, hi) in enumerate(inside):  # before and after the inside on this axis, within it on
-            for pad in (slice(0, lo), slice(hi, dst.shape[axis])):  # the axes before: disjoint slabs
-                if pad.stop > pad.start:
-                    self.copy(dst[tuple(slice(*inside[a]) for a in range(axis)) + (pad,)], None)
-
-    @functools.cached_property
-    def rounds(self) -> list[list[tuple[_Lazy, _Lazy | None]]]:
-        """The copies and zero fills (no source), in rounds that read only what earlier rounds
-        wrote, so that each round runs in parallel (`copy_all`): a copy comes after the copies
-        into the temporary it reads."""
-        rounds: list[list] = []
-        written: dict = {}
-        for dst, src in self.copies:
-            at = (-1 if src is None else written.get(src.source, -1)) + 1
-            written[dst.source] = max(written.get(dst.source, 0), at)
-            rounds += [[] for _ in range(at + 1 - len(rounds))]
-            rounds[at].append((dst, src))
-        return rounds
-
-    def run_copies(self, sources: dict) -> None:
-        """The copies and fills, round by round, into the temporaries in `sources`."""
-        for copies in self.rounds:
-            copy_all([(dst(sources), src if src is None else src(sources)) for dst, src in copies])
-
-    def run(self, arrays: dict[str, np.ndarray], scale: float, assign: bool) -> None:
-        sources: dict = dict(arrays)
-        for k, (shape, dtype) in enumerate(self.temporaries):
-            sources[k] = pool.empty(shape, dtype)
-        self.run_copies(sources)
-        out = arrays[self.out]
-        if self.windows is not None:
-            unwritten = self.unwritten if assign else []
-            if unwritten is None:
-                out.fill(0)
-            for at in unwritten or ():  # zeroed, so that the windows need not be added to zeros
-                out[at] = 0
-            overwrite = assign and unwritten is not None
-            for key, so, products, shifts in self.windows:
-                for k, ((va, sa), (vb, sb)) in enumerate(products):
-                    writes = overwrite and k == 0  # the first product writes the window, the rest add
-                    direct = writes and scale == 1 and shifts == [...]
-                    product = _matmul(va(sources), sa, vb(sources), sb, so, out[key] if direct else None)
-                    if product is None:  # BLAS wrote the window
-                        continue
-                    _add(out[key], [product[at] for at in shifts], scale, writes)
-            return
-        if assign:
-            out.fill(0)
-        va, sa, vb, sb, subs, windows = self.sums
-        full = _matmul(va(sources), sa, vb(sources), sb, subs)
-        for key, at in windows:
-            _add(out[key], [full[at]], scale, False)
-
-
-def _row_taps(taps: tuple[Range, ...], indices) -> list[Range]:
-    """The taps that BLAS calls loop over rather than stack (see `Contraction._products`). Of the
-    components of an index that read at an offset, the last is its lane: its taps are stacked.
-    Each operand reads a row tap whole, or in one other component `v + tap` of unit stride
-    whose variable v it reads nowhere else. A row tap's values are then windows of the one
-    stacked copy that still merge with the lane into one BLAS dimension."""
-    rows = []
-    for t in taps:
-        for index in indices:
-            forms = [_terms(e) for e in index]
-            at = [k for k, f in enumerate(forms) if f.get(t.var)]
-            if len(at) > 1:
-                break
-            if not at or forms[at[0]] == {t.var: 1, None: 0}:
-                continue
-            f = forms[at[0]]
-            main = [v for v in f if v is not None and v != t.var and f[v]]
-            lane = max(k for k, g in enumerate(forms) if _offset_vars(g))
-            if (at[0] == lane or f[t.var] != 1 or len(main) != 1 or f[main[0]] != 1
-                    or sum(1 for g in forms if g.get(main[0])) > 1):
-                break
-        else:
-            rows.append(t)
-    return rows
-
-
-def _main(index, tap: Var) -> Var:
-    """The variable that `tap` offsets in `index`."""
-    form = next(f for f in map(_terms, index) if f.get(tap))
-    return next(v for v in form if v is not None and v != tap and form[v])
-
-
-def _index(view: np.ndarray, subs: str, at: dict) -> tuple[np.ndarray, str]:
-    """view[at], at mapping subscripts to an int (the axis goes) or a slice, and its subscripts."""
-    return (view[tuple(at.get(c, slice(None)) for c in subs) + (Ellipsis,)],
-            "".join(c for c in subs if not isinstance(at.get(c), int)))
-
-
-@dataclass(frozen=True)
-class _Shifted:
-    """A window of `source` zero-padded on every side: its element idx is source[idx +
-    offset] where that is in bounds, else 0."""
-    source: _Lazy
-    offset: tuple[int, ...]
-    shape: tuple[int, ...]
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.source.dtype
-
-
-def _stacked(windows: list[_Lazy | _Shifted], subs: str, tap_subs: str, extents: list[int],
-             plan: _Plan) -> tuple[_Lazy, str]:
-    """The windows copied into one temporary, their taps as axes right after the first axis
-    (im2col), so that all taps go into BLAS calls batched over that axis (see `_matmul`), and
-    its subscripts."""
-    shape = windows[0].shape
-    at = min(1, len(shape))
-    data = plan.temporary(shape[:at] + (len(windows),) + shape[at:], windows[0].dtype)
-    for k, view in enumerate(windows):
-        dst = data[(slice(None),) * at + (k,)]
-        if isinstance(view, _Shifted):
-            plan.copy_shifted(dst, view)
-        else:
-            plan.copy(dst, view)
-    return data.reshape(shape[:at] + tuple(extents) + shape[at:]), subs[:at] + tap_subs + subs[at:]
-
-
-def _add(window: np.ndarray, products: list[np.ndarray], scale: float, overwrite: bool) -> None:
-    """window (+)= scale * the sum of products (arrays of its shape), image by image (along the
-    first axis) on the threads: numpy adds on one thread (conv2d's input gradient sums three
-    shifted slices of its product: 2.0-2.2 -> 1.7-1.9 ms)."""
-    def add(rows) -> None:
-        w, ps = window[rows], [p[rows] for p in products]
-        if overwrite and scale == 1 and len(ps) > 1:  # one pass for the first two, not copy, add
-            np.add(ps.pop(0), ps.pop(0), out=w)
-        elif overwrite:
-            _write(w, ps.pop(0), scale, True)
-        for p in ps:
-            _write(w, p, scale, False)
-
-    if window.ndim == 0:
-        add(...)
-    else:
-        by_rows(lambda lo, hi: add(slice(lo, hi)), len(window), window.nbytes * (len(products) + 1))
-
-
-def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: bool) -> None:
-    """window (+)= scale * product, in one pass."""
-    if scale != 1:
-        np.multiply(product, product.dtype.type(scale), out=product)
-    if overwrite:
-        np.copyto(window, product)
-    else:
-        window += product
-
-
-def _matmul(va, sa: str, vb, sb: str, out: str, into: np.ndarray | None = None) -> np.ndarray | None:
-    """einsum(f"{sa},{sb}->{out}", va, vb) as BLAS matrix products (see `_matmul_plan`); a
-    convolution calls it with the same layouts every step, so the plan is worked out once.
-    With `into`, an array of the product's shape and dtype, BLAS writes the product there
-    where that array is contiguous in the product's layout, and None is returned."""
-    plan = _matmul_plan(sa, va.shape, va.strides, sb, vb.shape, vb.strides, out)
-    if plan is None:
-        return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
-    if plan.swap:
-        va, vb = vb, va
-    a, b = plan.a(va), plan.b(vb)
-    shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2])
-    if (into is not None and plan.images == "batched" and plan.perm == tuple(range(len(plan.perm)))
-            and into.shape == plan.shape and into.flags.c_contiguous and into.dtype == va.dtype):
-        matmul(a, b, into.reshape(shape))
-        return None
-    product = pool.empty(shape, va.dtype)
-    matmul(a, b, product)
-    if plan.images == "summed":
-        product = product.sum(axis=0)
-    return product.reshape(plan.shape).transpose(plan.perm)
-
-
-@dataclass(frozen=True)
-class _Operand:
-    """An operand's axes put in `perm` order and merged into (batch, rows, columns): a view
-    of it, or with `copy`, of a contiguous copy."""
-    perm: tuple[int, ...]
-    shape: tuple[int, int, int]
-    copy: bool
-
-    def __call__(self, v: np.ndarray) -> np.ndarray:
-        v = v.transpose(self.perm)
-        return (np.ascontiguousarray(v) if self.copy else v).reshape(self.shape)
-
-
-@dataclass(frozen=True)
-class _MatmulPlan:
-    swap: bool
-    a: _Operand
-    b: _Operand
-    images: str  # "batched": an axis of the output; "summed": one product per image, then summed
-    shape: tuple[int, ...]  # the product's letters, unmerged
-    perm: tuple[int, ...]  # from those letters to the output's
-
-
-@functools.lru_cache(maxsize=1024)
-def _matmul_plan(sa: str, shape_a, strides_a, sb: str, shape_b, strides_b, out: str) -> _MatmulPlan | None:
-    """How to compute einsum(f"{sa},{sb}->{out}") on operands of these shapes and strides as
-    BLAS matrix products, without copying the larger operand where its strides allow: each
-    operand's axes are grouped in memory order into (free, summed) matrices, batched over the
-    larger operand's outermost axis when grouping needs it (a convolution's image index), and
-    the operand holding the output's last letter goes right, so that the product's innermost
-    axis is the output's; a small product (a weight gradient) puts the operand with more free
-    points left, where BLAS runs faster (32x96 rows and columns, summing 3844: 73-89 against
-    100 GFLOP/s). A small operand is copied where that saves batching. None where einsum must
-    do it: letters in both operands and the output, or repeated."""
-    summed = [c for c in sa if c in sb and c not in out]
-    free_a, free_b = [c for c in sa if c not in sb], [c for c in sb if c not in sa]
-    if sorted(free_a + free_b) != sorted(out) or len(set(sa + sb)) != len(free_a + free_b + summed):
-        return None
-    a, b = (sa, shape_a, strides_a), (sb, shape_b, strides_b)
-    size = dict(zip(sa, shape_a)) | dict(zip(sb, shape_b))
-    rows, cols = (math.prod(size[c] for c in free) for free in (free_a, free_b))
-    swap = rows < cols if rows * cols <= SMALL_PRODUCT else bool(out) and out[-1] in sa
-    if swap:
-        a, b, free_a, free_b = b, a, free_b, free_a
-    big, small = (a, b) if math.prod(a[1]) >= math.prod(b[1]) else (b, a)
-
-    def memory_order(operand, letters) -> list[str]:
-        subs, _, strides = operand
-        return sorted(letters, key=lambda c: -abs(strides[subs.index(c)]))
-
-    summed = memory_order(big, summed)
-    free_a, free_b = memory_order(a, free_a), memory_order(b, free_b)
-    outer = memory_order(big, big[0])[0] if big[0] else None
-
-    def operand(o, groups, copy: str) -> _Operand | None:
-        """`o` as (batch, rows, columns) from its letters in `groups`; `copy`: "never", "if
-        needed" (where the groups' axes do not merge) or "always"."""
-        subs, shape, strides = o
-        groups = [[c for c in groups[0] if c in subs], *groups[1:]]
-        order = [c for group in groups for c in group]
-        copied = copy == "always" or not _mergeable(subs, shape, strides, groups)
-        if copied and copy == "never":
-            return None
-        return _Operand(tuple(subs.index(c) for c in order),
-                        tuple(math.prod(size[c] for c in group) for group in groups), copied)
-
-    def layout(batch, copy_small, copy_big="never"):
-        fa, fb, s = ([c for c in x if c not in batch] for x in (free_a, free_b, summed))
-        oa = operand(a, [batch, fa, s], copy_small if a is small else copy_big)
-        ob = operand(b, [batch, s, fb], copy_small if b is small else copy_big)
-        return None if oa is None or ob is None else (oa, ob, batch, fa, fb)
-
-    # views beat a copy, except that a small operand is cheaper to copy than the product to batch
-    tries = [([], "never"), ([], "if needed")] if math.prod(small[1]) <= SMALL_PRODUCT else [([], "never")]
-    if outer is not None and size[outer] > 1:
-        tries += [([outer], "never"), ([outer], "if needed")]
-    found = next(filter(None, (layout(batch, copy) for batch, copy in tries)), None)
-    # else the larger operand is copied as well
-    oa, ob, batch, free_a, free_b = found or layout([], "if needed", "if needed")
-    letters = free_a + free_b
-    images = "summed" if batch and batch[0] not in out else "batched"
-    if batch and images == "batched":
-        letters = batch + letters
-    return _MatmulPlan(swap, oa, ob, images, tuple(size[c] for c in letters),
-                       tuple(letters.index(c) for c in out))
-
-
-def _mergeable(subs: str, shape, strides, groups: list[list[str]]) -> bool:
-    """Whether each group of letters' axes merge into one axis without a copy."""
-    for group in groups:
-        axes = [subs.index(c) for c in group if shape[subs.index(c)] != 1]
-        if any(strides[x] != strides[y] * shape[y] for x, y in zip(axes, axes[1:])):
-            return False
-    return True
-
-
-def _vars(e: Expr) -> set[Var]:
-    return {v for v, c in _terms(e).items() if v is not None and c}
-
-
-def _used(index) -> set[Var]:
-    return set().union(*map(_vars, index))
-
-
-def _plain(index) -> set[Var]:
+def plain(index) -> set[Var]:
     """The variables that `index` reads only as whole components (x[..., v, ...])."""
-    forms = [_terms(e) for e in index]
+    forms = [terms(e) for e in index]
     whole = {v for f in forms for v in f if v is not None and f == {v: 1, None: 0}}
     return whole - {v for f in forms if len(f) != 2 or f.get(None) != 0 or 1 not in f.values() for v in f}
 
 
-def _offset_vars(terms: dict) -> set[Var]:
+def offset_vars(terms: dict) -> set[Var]:
     """The variables of an index component that has more than one (all but its main one are taps)."""
     vs = {v for v, c in terms.items() if v is not None and c}
     return vs if len(vs) > 1 else set()
 
 
 @functools.lru_cache(maxsize=4096)  # planning asks again about the same components; callers must not mutate
-def _terms(e: Expr) -> dict[Var, int] | None:
+def terms(e: Expr) -> dict[Var, int] | None:
     """Integer affine coefficients of an index component, with the constant under key None."""
     form = linear_form(e)
     if form is None:
@@ -701,46 +86,6 @@ def _terms(e: Expr) -> dict[Var, int] | None:
     coeffs, constant = form
     return {v: c for v, c in coeffs.items() if c} | {None: constant}
 
-
-def _view(array, index, env, ranges, letters):
-    """The strided view of `array` that `index` reads as the non-tap variables run, and its subscripts."""
-    key, subs = _window(index, env, ranges, letters)
-    return array[key], subs
-
-
-def _window(index, env, ranges, letters) -> tuple[tuple, str]:
-    """The index of `_view`'s view (ints and slices, one per axis, then `...`) and its subscripts."""
-    slices, subs = [], ""
-    for e in index:
-        t = _terms(e)
-        offset = t.get(None, 0) + sum(c * env[v] for v, c in t.items() if v in env)
-        main = [(v, c) for v, c in t.items() if v is not None and v not in env and c]
-        if not main:
-            slices.append(offset)
-            continue
-        (v, c), = main
-        r = ranges[v]
-        start = offset + c * r.lo
-        slices.append(slice(start, start + c * (r.hi - r.lo - 1) + 1, c))
-        subs += letters[v]
-    return tuple(slices) + (Ellipsis,), subs  # with `...`, a 0-d result is a view, not a copy
-
-
-def _unwritten(keys: list[tuple], shape: tuple[int, ...]) -> list[tuple] | None:
-    """What disjoint windows of an array of `shape` (their `_window` indices) leave unwritten,
-    as indices, where the windows tile a box: each axis's indices that no window covers. None
-    where they do not (the phases of a strided output tile one; a window of no points may not)."""
-    covered = [set() for _ in shape]
-    points = 0
-    for key in keys:
-        per_axis = [range(*k.indices(n)) if isinstance(k, slice) else (k,) for k, n in zip(key, shape)]
-        points += math.prod(map(len, per_axis))
-        for axis, at in zip(covered, per_axis):
-            axis.update(at)
-    if points != math.prod(map(len, covered)):
-        return None
-    return [(slice(None),) * a + (sorted(set(range(n)) - axis),)
-            for a, (n, axis) in enumerate(zip(shape, covered)) if len(axis) < n]
 
 
 def tap_product_vars(c: Contraction) -> tuple[Var, ...] | None:
@@ -754,7 +99,7 @@ def tap_product_vars(c: Contraction) -> tuple[Var, ...] | None:
     whole, tapped, shifted = [], [], []
     strided = False
     for e in c.out_index:
-        t = _terms(e)
+        t = terms(e)
         vs = [v for v in t if v is not None and t[v]]
         tap, main = [v for v in vs if v in taps], [v for v in vs if v not in taps]
         if not tap:
@@ -805,8 +150,8 @@ def contraction(out: str, out_index: tuple[Expr, ...], value: Expr, domain: tupl
     loads, scale = f
     a, b = loads if len(loads) == 2 else (loads[0], None)
     ranges = {r.var: r for r in domain}
-    components = [(_terms(e), "out") for e in out_index] + [(_terms(e), "a") for e in a.index] + [
-        (_terms(e), "b") for e in (b.index if b is not None else ())]
+    components = [(terms(e), "out") for e in out_index] + [(terms(e), "a") for e in a.index] + [
+        (terms(e), "b") for e in (b.index if b is not None else ())]
     if any(t is None or any(v is not None and v not in ranges for v in t) for t, _ in components):
         return None
     taps: set[Var] = set()

@@ -32,6 +32,7 @@ from dataclasses import replace
 from halide_ad.ir import Bin, Call, Expr, Func, Load, Op, Program, Reduce, Select, adjoint_name, const, dtype_of
 from halide_ad.runtime.contract import Contraction, formula
 from halide_ad.runtime.plans import AdjointPlan, map_values, reads, values
+from halide_ad.runtime.route import with_engine
 from halide_ad.solver import Fallback, Gather
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import children, larger_than, loads, rewrite, simplify, substitute, walk
@@ -175,8 +176,8 @@ def _reading(c, old: str, new: str):
     inverse = map_values(c.inverse, rename)
     inverse = replace(inverse, scatter=replace(inverse.scatter, value=rename(inverse.scatter.value)))
     shapes = tuple(dict((new if n == old else n, shape) for n, shape in c.shapes).items())
-    return replace(c, a=rename(c.a), b=None if c.b is None else rename(c.b), shapes=shapes, inverse=inverse,
-                   formula=formula(c.out, c.out_index, inverse.scatter.value))
+    return with_engine(replace(c, a=rename(c.a), b=None if c.b is None else rename(c.b), shapes=shapes,
+                               inverse=inverse, formula=formula(c.out, c.out_index, inverse.scatter.value)))
 
 
 def _cheap_per_tap(e: Expr) -> bool:

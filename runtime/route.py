@@ -1,5 +1,5 @@
 """Routing: each contribution that an engine computes the same as its gather goes to that engine
-(BLAS products, the direct SIMD convolution kernels: runtime/contract.py); the rest stay gathers
+(runtime/engines/: the direct SIMD convolution kernels, BLAS products); the rest stay gathers
 and scatters for the loop nests. A strided convolution's input gradient splits into BLAS products
 per tap and a gather that adds them (`_tap_product`)."""
 from __future__ import annotations
@@ -11,8 +11,17 @@ import numpy as np
 
 from halide_ad.ir import Adjoint, Load, Scatter, Var, adjoint_name
 from halide_ad.runtime.contract import Contraction, contraction, tap_product_vars
+from halide_ad.runtime.engines import blas, direct_conv
 from halide_ad.runtime.plans import AdjointPlan, gather_vars
 from halide_ad.solver import Gather, invert
+
+
+ENGINES = (direct_conv, blas)  # asked in order; BLAS takes every contraction
+
+
+def with_engine(c: Contraction) -> Contraction:
+    """`c` with the first engine's plan that takes it."""
+    return replace(c, plan=next(p for p in (engine.plan(c) for engine in ENGINES) if p is not None))
 
 
 def route(plans: list[AdjointPlan], shapes: dict[str, tuple[int, ...]]) -> list[AdjointPlan]:
@@ -27,7 +36,9 @@ def route(plans: list[AdjointPlan], shapes: dict[str, tuple[int, ...]]) -> list[
             c = contraction(adjoint_name(s.buffer), s.index, s.value, s.domain, s.where, shapes,
                             one_operand=True)
             if c is not None and isinstance(inverse, Gather):  # the engine computes the same gather
-                split = None if c.direct is not None else _tap_product(s, c, plan.adjoint, plan.new_vars, shapes)
+                c = with_engine(c)
+                direct = isinstance(c.plan, direct_conv.DirectPlan)
+                split = None if direct else _tap_product(s, c, plan.adjoint, plan.new_vars, shapes)
                 if split is None:
                     contributions.append(replace(c, inverse=inverse))
                 else:  # its products are filled before the kernel that reads them
@@ -61,8 +72,8 @@ def _tap_product(s: Scatter, c: Contraction, adj: Adjoint, new_vars: tuple[Var, 
     while name in shapes or adjoint_name(name) in shapes:
         name += "_"
     out = adjoint_name(name)
-    blas = contraction(out, order, s.value, s.domain, None, shapes | {out: shape})
-    if blas is None or blas.taps:
+    per_tap = contraction(out, order, s.value, s.domain, None, shapes | {out: shape})
+    if per_tap is None or per_tap.taps:
         return None
     products = Adjoint(name, shape, adj.dtype, False, (Scatter(name, order, s.value, s.domain, None, s.loc),))
     products_vars = gather_vars(products)
@@ -72,4 +83,4 @@ def _tap_product(s: Scatter, c: Contraction, adj: Adjoint, new_vars: tuple[Var, 
     if not isinstance(filled, Gather) or not isinstance(gather, Gather):
         return None
     shapes[name] = shapes[out] = shape  # a second split into the same adjoint takes another name
-    return AdjointPlan(products, products_vars, (replace(blas, inverse=filled),)), gather
+    return AdjointPlan(products, products_vars, (with_engine(replace(per_tap, inverse=filled)),)), gather

@@ -7,11 +7,12 @@ import re
 import numpy as np
 import pytest
 from halide_ad.runtime import parallel
-from halide_ad.runtime.contract import (SMALL_PRODUCT, Contraction, _Lazy, _matmul, _matmul_plan, _Plan,
+from halide_ad.runtime.engines.blas import (SMALL_PRODUCT, BlasPlan, _Lazy, _matmul, _matmul_plan, _Plan,
                                          _Shifted, _stand_in, _unwritten)
 
 import halide_ad as hd
 from halide_ad.runtime import route
+from halide_ad.runtime.engines import blas
 
 CASES = [  # (a subscripts, b subscripts, out subscripts, sizes)
     ("ik", "kj", "ij", dict(i=5, j=7, k=3)),
@@ -98,28 +99,28 @@ def conv1d_shifted(x, w):
 def fresh_plans(monkeypatch):
     """Every call plans its contraction anew: plans outlive a test with the kernels they belong
     to, and the spies below watch planning."""
-    real = Contraction.accumulate
+    real = BlasPlan.accumulate
 
     def accumulate(self, buffers, **kwargs):
         self.__dict__.pop("_plans", None)
         self.__dict__.pop("images", None)  # (cached, with MIN_IMAGE_WORK as it was)
         return real(self, buffers, **kwargs)
 
-    monkeypatch.setattr(Contraction, "accumulate", accumulate)
+    monkeypatch.setattr(BlasPlan, "accumulate", accumulate)
 
 
 @pytest.fixture
 def correlations(monkeypatch, fresh_plans):
     """How many contractions took `_correlation` (one product per stride phase, no window sums)."""
     taken = []
-    real = Contraction._correlation
+    real = BlasPlan._correlation
 
     def spy(self, *args):
         parts = real(self, *args)
         taken.append(parts is not None)
         return parts
 
-    monkeypatch.setattr(Contraction, "_correlation", spy)
+    monkeypatch.setattr(BlasPlan, "_correlation", spy)
     return taken
 
 
@@ -232,12 +233,11 @@ def test_a_big_convolution_runs_image_by_image(stride, dtype, fresh_plans, monke
     threads; the weight's gradient adds up the images' parts. Against torch, finite
     differences (float64), and the same call with one thread, bit for bit."""
     import numba
-    from halide_ad.runtime import contract
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(Contraction, "MIN_IMAGE_WORK", 0)
+    monkeypatch.setattr(BlasPlan, "MIN_IMAGE_WORK", 0)
     images = []
-    real = contract.each_image
-    monkeypatch.setattr(contract, "each_image", lambda body, count: images.append(count) or real(body, count))
+    real = blas.each_image
+    monkeypatch.setattr(blas, "each_image", lambda body, count: images.append(count) or real(body, count))
     rng = np.random.default_rng(9)
     x = rng.standard_normal((3, 16, 9, 10)).astype(dtype)
     w = rng.standard_normal((16, 16, 3, 3)).astype(dtype)
@@ -267,11 +267,10 @@ def test_a_big_convolution_runs_image_by_image(stride, dtype, fresh_plans, monke
 def test_an_array_read_twice_is_split_by_image_only_where_both_reads_allow_it(fresh_plans, monkeypatch):
     """out[n, k] = sum x[n, i + r] * x[k, r]: the first read of x has the image n first, but
     the second reads every image, so x cannot be split by image, and the contraction runs whole."""
-    from halide_ad.runtime import contract
-    monkeypatch.setattr(Contraction, "MIN_IMAGE_WORK", 0)
+    monkeypatch.setattr(BlasPlan, "MIN_IMAGE_WORK", 0)
     images = []
-    real = contract.each_image
-    monkeypatch.setattr(contract, "each_image", lambda body, count: images.append(count) or real(body, count))
+    real = blas.each_image
+    monkeypatch.setattr(blas, "each_image", lambda body, count: images.append(count) or real(body, count))
 
     @hd.func
     def correlate(x):
@@ -302,13 +301,13 @@ def test_strided_input_gradient_zeroes_what_it_does_not_write(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(route, "MAX_TAP_PRODUCT_BYTES", 0)
     seen = []
-    real = Contraction.accumulate
+    real = BlasPlan.accumulate
 
     def spy(self, buffers, **kwargs):
         seen.append((self, {n: a.copy() for n, a in buffers.items()}))
         return real(self, buffers, **kwargs)
 
-    monkeypatch.setattr(Contraction, "accumulate", spy)
+    monkeypatch.setattr(BlasPlan, "accumulate", spy)
     rng = np.random.default_rng(5)
     x, w = rng.standard_normal((2, 3, 10, 11)), rng.standard_normal((16, 3, 3, 3))
     out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 2), x, w)
@@ -329,13 +328,13 @@ def test_a_contraction_is_planned_once(monkeypatch):
     numbers run that plan, and get their own right answers."""
     torch = pytest.importorskip("torch")
     planned = []
-    real = Contraction._plan
+    real = BlasPlan._plan
 
     def plan(self, *args):
         planned.append(self.out)
         return real(self, *args)
 
-    monkeypatch.setattr(Contraction, "_plan", plan)
+    monkeypatch.setattr(BlasPlan, "_plan", plan)
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1, 3, 13, 12))  # a shape no other test traces: nothing is planned yet
     w = rng.standard_normal((16, 3, 3, 3))
@@ -373,15 +372,14 @@ def test_correlation_with_a_constant_offset(dtype, correlations):
 @pytest.fixture
 def stacked_copies(monkeypatch, fresh_plans):
     """How many windows each stacked copy (im2col) holds."""
-    from halide_ad.runtime import contract
     sizes = []
-    real = contract._stacked
+    real = blas._stacked
 
     def spy(windows, *args):
         sizes.append(len(windows))
         return real(windows, *args)
 
-    monkeypatch.setattr(contract, "_stacked", spy)
+    monkeypatch.setattr(blas, "_stacked", spy)
     return sizes
 
 
@@ -436,7 +434,6 @@ def test_row_taps_of_an_input_gradient_are_rows_of_one_product(dtype, fresh_plan
     32 channels and 3 row taps, over the stacked cotangent's padded rows, then sums its row taps'
     slices shifted: BLAS runs one product of 96 rows faster than three of 32. The weight gradient
     keeps one product per row tap (its row taps shift an operand, not the output)."""
-    from halide_ad.runtime import contract
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)
     x = rng.standard_normal((2, 16, 10, 9)).astype(dtype)
@@ -444,8 +441,8 @@ def test_row_taps_of_an_input_gradient_are_rows_of_one_product(dtype, fresh_plan
     out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 1), x, w)
     ct = rng.standard_normal(out.shape).astype(dtype)
     rows = []
-    real = contract._matmul
-    monkeypatch.setattr(contract, "_matmul", lambda va, sa, vb, sb, so, into=None: rows.append(len(so)) or
+    real = blas._matmul
+    monkeypatch.setattr(blas, "_matmul", lambda va, sa, vb, sb, so, into=None: rows.append(len(so)) or
                         real(va, sa, vb, sb, so, into))
     gx, gw = vjp_fn(ct)
     assert sorted(rows) == [3, 3, 3, 5], rows  # adj_w: 3 products (k, c, s); adj_x: 1 (n, c, r, i, j)

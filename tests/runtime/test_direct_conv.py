@@ -1,4 +1,4 @@
-"""Direct SIMD convolution kernels (`runtime/direct_conv.py`): the forward and both gradients
+"""Direct SIMD convolution kernels (`runtime/engines/direct_conv.py`): the forward and both gradients
 against numpy's einsum in float64, finite differences and PyTorch, at shapes that exercise the
 blocks' edges: channels and widths that do not fill the last block, spare taps, a kernel stored
 in another axis order, a scale, a second contribution added to an adjoint, float32 and float64."""
@@ -7,7 +7,7 @@ import pytest
 from numba import njit
 
 import halide_ad as hd
-from halide_ad.runtime import direct_conv, simd
+from halide_ad.runtime.engines import direct_conv, simd
 
 DIRECT = "[computed by a direct convolution kernel]"
 

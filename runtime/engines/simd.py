@@ -7,7 +7,7 @@ do: `load` a row of lanes, `splat` one element to every lane, `fma` into an accu
 the accumulator once. On a machine without 256-bit registers LLVM splits each vector in two.
 
 Indices are flat element offsets into the array's data, with no wraparound and no bounds check:
-the kernel that uses them must keep every lane in bounds (see `runtime/direct_conv.py`).
+the kernel that uses them must keep every lane in bounds (see `runtime/engines/direct_conv.py`).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """Direct 2-D convolutions: register-blocked SIMD kernels instead of BLAS on stacked copies.
 
 A convolution `y[n, o, i, j] = sum over c, r, s of x[n, c, i + r, j + s] * k[o, c, r, s]` and its
-two gradients are contractions (`runtime/contract.py`), but as BLAS products they are
+two gradients are contractions (`runtime/contract.py`), the engine `plan` takes them, but as BLAS products they are
 products of 32 rows by a stacked copy of the image: BLAS packs the big operand for a few rows
 of the other, and the copies and shifted sums around it cost a third as much again. These
 kernels read the arrays where they are (or one padded or phase-split copy) and keep a block of
-outputs in vector registers for the whole reduction (`runtime/simd.py`), as oneDNN's convolutions do:
+outputs in vector registers for the whole reduction (`runtime/engines/simd.py`), as oneDNN's convolutions do:
 
 * `forward`, and the input gradient as a correlation of the zero-padded cotangent with the
   flipped kernel: a block of 4 output channels by 2 vectors of columns, each loaded input row
@@ -33,10 +33,12 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from halide_ad.runtime.buffers import pool
 from halide_ad import config
+from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.compile import compile_kernel
-from halide_ad.runtime.simd import lanes
+from halide_ad.runtime.contract import Contraction, terms
+from halide_ad.runtime.engines import blas
+from halide_ad.runtime.engines.simd import lanes
 
 MIN_WORK = 1 << 24  # multiply-adds from which a kernel's compile (~1 s, once) pays off against BLAS's path
 CHANNELS = 4  # output channels per block
@@ -154,6 +156,33 @@ def _strides(k_axes, O, C, KH, KW) -> tuple[int, int, int, int]:
         shape[axis] = extent
     strides = [math.prod(shape[a + 1:]) for a in range(4)]
     return tuple(strides[a] for a in k_axes)
+
+
+def plan(c: Contraction) -> DirectPlan | None:
+    """The direct kernel's plan for contraction `c`, where it is a 2-D convolution sum big enough
+    (`convolution`), else None."""
+    if c.b is None or c.a.dtype != c.b.dtype:
+        return None
+    forms = [[terms(e) for e in index] for index in (c.out_index, c.a.index, c.b.index)]
+    kernel = convolution((c.out, c.a.buffer, c.b.buffer), forms, c.domain, dict(c.shapes), c.scale, c.a.dtype)
+    return None if kernel is None else DirectPlan(c, kernel, blas.plan(c))
+
+
+class DirectPlan:
+    name = "a direct convolution kernel"
+
+    def __init__(self, c: Contraction, kernel: DirectConvolution, fallback: blas.BlasPlan):
+        self.names, self.shapes = (c.out, c.a.buffer, c.b.buffer), dict(c.shapes)
+        self.kernel, self.fallback = kernel, fallback
+
+    def accumulate(self, buffers: dict[str, np.ndarray], *, assign: bool = False) -> None:
+        """Arrays of another dtype than the kernel's (a caller's float64 into a float32 program's
+        buffers) take BLAS's path."""
+        arrays = {n: buffers[n].reshape(self.shapes[n]) for n in self.names}
+        if all(a.dtype == self.kernel.dtype for a in arrays.values()):
+            self.kernel.run(arrays, assign)
+        else:
+            self.fallback.accumulate(buffers, assign=assign)
 
 
 def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, scale: float,
@@ -523,4 +552,4 @@ def weight_gradient_source(N, O, C, Ho, Wo, KH, KW, L, k_strides, scale, assign,
 
 
 def _module(lines: list[str]) -> str:
-    return "from halide_ad.runtime import simd\n\n\n" + "\n".join(lines) + "\n"
+    return "from halide_ad.runtime.engines import simd\n\n\n" + "\n".join(lines) + "\n"

@@ -1,0 +1,5 @@
+"""Engines: code that computes a contraction (runtime/contract.py) faster than a generated loop
+nest. Each module here has `plan(c: Contraction) -> Plan | None`; a plan has a `name` (what
+hd.explain and the kernel source say) and `accumulate(buffers, *, assign=False)`. runtime/route.py
+asks them in order, the direct convolution kernels first; BLAS takes every contraction.
+"""
