@@ -241,9 +241,11 @@ def layout(program: ir.Program, chunked: tuple[str, ...], axes: tuple[int, ...],
                 able.append(a)
             except Refusal:
                 pass
-        raise ShapeError(f"{fn_name} cannot be chunked along axis {refusal.axis}: {refusal.reason}. "
-                         f"It can be chunked along axes {tuple(able)}; give the other axes one chunk "
-                         "(e.g. x.rechunk({" + f"{refusal.axis}: -1" + "}))", refusal.loc) from None
+        fix = (f"It can be chunked along axes {tuple(able)}; give the other axes one chunk (e.g. "
+               f"x.rechunk({{{refusal.axis}: -1}}))" if able else
+               "It can be chunked along no axis: call it on numpy arrays")
+        raise ShapeError(f"{fn_name} cannot be chunked along axis {refusal.axis}: {refusal.reason}. {fix}",
+                         refusal.loc) from None
 
 
 # ---- regions along one axis ---------------------------------------------------------------------

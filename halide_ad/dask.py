@@ -185,6 +185,7 @@ class _Call:
         if not dasks:
             raise ShapeError(f"halide_ad.dask runs {self.name} on dask arrays, but none of its arguments "
                              "is one; call it directly on numpy arrays instead")
+        self.arrays = self._aligned_chunks(dasks)
         classified = []
         for n, a in zip(names, args, strict=True):
             if n in dasks:
@@ -197,7 +198,6 @@ class _Call:
         self.program = self.traced.program
         self.weights = {n: v for n, (k, v) in list(zip(names, classified)) + list(kw.items())
                         if k == "array" and n not in dasks}
-        self.arrays = self._aligned_chunks(dasks)
         self.axes = tuple(a for a in range(self.ndim) if len(self.bounds[a]) > 2)
         self.layout = layout(self.program, tuple(self.arrays), self.axes, self.name)
         self._realign()
@@ -224,20 +224,23 @@ class _Call:
 
     def _realign(self) -> None:
         """Chunk boundaries at multiples of each axis's stride (a pooling's), leaving every output
-        chunk non-empty: rechunk where they are not, and say so."""
+        chunk non-empty: rechunk where they are not, and say so. Misaligned chunks become chunks
+        of the largest one's size rounded up to the stride."""
         lay = self.layout
         for a in self.axes:
             stride = lay.stride(a)
             outs = [(lay.scale[a][o], lay.shapes[o][a]) for o in self.program.outputs]
             n = self.bounds[a][-1]
-            inner = sorted({round(b / stride) * stride for b in self.bounds[a][1:-1]})
-            inner = [b for b in inner if 0 < b < n and all(b // s < n_o for s, n_o in outs)]
-            bounds = [0, *inner, n]
+            inner = self.bounds[a][1:-1]
+            why = "every output chunk must be non-empty"
+            if any(b % stride for b in inner):  # the largest chunk, rounded up to the stride, throughout
+                size = -(-max(np.diff(self.bounds[a])) // stride) * stride
+                inner = range(size, n, size)
+                why = f"chunk boundaries must be multiples of the stride {stride} of its reads"
+            bounds = [0, *(b for b in inner if all(b // s < n_o for s, n_o in outs)), n]
             if bounds != self.bounds[a]:
                 warnings.warn(f"halide_ad.dask rechunked {self.name}'s inputs along axis {a} to chunks "
-                              f"{tuple(np.diff(bounds).tolist())}: chunk boundaries must be multiples of "
-                              f"the stride {stride} of its reads, and every output chunk non-empty",
-                              HalideADWarning, stacklevel=4)
+                              f"{tuple(np.diff(bounds).tolist())}: {why}", HalideADWarning, stacklevel=4)
                 self.bounds[a] = bounds
         chunks = tuple(tuple(np.diff(b).tolist()) for b in self.bounds)
         self.arrays = {n: x.rechunk(chunks) for n, x in self.arrays.items()}

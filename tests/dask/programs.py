@@ -75,7 +75,7 @@ def transposed(x):
 
 @hd.func
 def column_sums(x):
-    return x.sum(axis=0)
+    return x.sum(axis=0, keepdims=True)
 
 
 @hd.func
@@ -91,3 +91,9 @@ def ramp(x):
 @hd.func
 def upsampled(x):
     return hd.compute((2 * x.shape[0], x.shape[1]), lambda i, j: x[i // 2, j])
+
+
+@hd.func
+def masked(x, m):
+    """Fine when m is chunked as x is; refused when m is a numpy array that tasks would read by position."""
+    return hd.compute(x.shape, lambda i, j: x[i, j] * m[i, j])
