@@ -11,9 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import operator
-import threading
 import warnings
-from dataclasses import dataclass
 
 import dask.array as da
 import numpy as np
@@ -21,92 +19,12 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from halide_ad import ir
-from halide_ad.api import Function, _classify, _cotangents, as_function
+from halide_ad.api import Function, _classify, _leaves_like, as_function
+from halide_ad.blocks import Block, add, backward_task, forward_task, nested_getitem
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
-from halide_ad.compiler import BackwardRun, ForwardRun, compile_forward, compile_gradient
-from halide_ad.errors import HalideADWarning, ShapeError
+from halide_ad.errors import DTypeError, HalideADWarning, ShapeError
 
 __all__ = ["function", "vjp", "halo"]
-
-
-# ---- the work of one task -----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Block:
-    """A block program, sent to each worker once as a piece of the graph; `key` names its kernels
-    in this process."""
-    key: str
-    program: ir.Program
-    wrt: tuple[str, ...]
-
-
-_runs: dict = {}
-_runs_lock = threading.Lock()
-
-
-def _run(block: Block, kind: str):
-    """The block's ForwardRun or BackwardRun, compiled once per process (from the disk cache
-    when another process compiled it before)."""
-    run = _runs.get((block.key, kind))
-    if run is None:
-        with _runs_lock:
-            run = _runs.get((block.key, kind))
-            if run is None:
-                run = (ForwardRun(block.program, compile_forward(block.program)) if kind == "forward"
-                       else BackwardRun(*compile_gradient(block.program, block.wrt)))
-                _runs[(block.key, kind)] = run
-    return run
-
-
-def _assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
-    """The window of the array that the chunks `pieces` (nested lists, one level per dimension)
-    tile, C-contiguous as kernels take it."""
-    return np.ascontiguousarray(np.block(pieces)[window])
-
-
-def _arrays(inputs: list, weights: list) -> dict[str, np.ndarray]:
-    """The block's arguments by buffer name. (Tasks take lists: dask finds keys in lists, not in
-    dicts or tuples.)"""
-    return {name: _assemble(p, w) for name, p, w in inputs} | dict(weights)
-
-
-def _forward_task(block: Block, inputs: list, weights: list, crops: dict) -> tuple:
-    arrays = _arrays(inputs, weights)
-    buffers = _run(block, "forward")(arrays)
-    return tuple(np.array(buffers[o][crop]) for o, crop in crops.items())
-
-
-def _backward_task(block: Block, inputs: list, weights: list, cts: list, crops: dict, sums: bool) -> tuple:
-    """(the chunked inputs' gradients on this chunk, the weights' partial gradients). `cts` holds,
-    per output, its cotangent's pieces and two placements in the block: the outputs that read this
-    chunk (seeding the inputs' gradients), and this task's own output chunk (seeding the weights'
-    gradients, so that every output point counts once over all tasks)."""
-    arrays = _arrays(inputs, weights)
-    buffers = _run(block, "forward")(arrays)
-    backward = _run(block, "backward")
-    values = {name: None if pieces is None else _assemble(pieces, window) for name, pieces, window, _, _ in cts}
-
-    def seeds(which: int) -> dict:
-        out = {}
-        for name, _, _, places, shape in cts:
-            ct = np.zeros(shape, block.program.func(name).dtype)
-            if places[which] is not None:
-                into, source = places[which]
-                ct[into] = values[name][source]
-            out[name] = ct
-        return out
-
-    grads = backward(buffers, seeds(0)) if crops else {}
-    chunked = tuple(np.array(grads[name][crop]) for name, crop in crops.items())
-    if not sums:
-        return chunked, ()
-    if not crops or any(places[0] != places[1] for _, _, _, places, _ in cts):
-        grads = backward(buffers, seeds(1))
-    return chunked, tuple(grads[name] for name, _ in weights if name in block.wrt)
-
-
-def _add(a, b):
-    return a + b
 
 
 # ---- planning: chunks, halos and blocks along each axis ----------------------------------------
@@ -198,7 +116,7 @@ class _Call:
         self.program = self.traced.program
         self.weights = {n: v for n, (k, v) in list(zip(names, classified)) + list(kw.items())
                         if k == "array" and n not in dasks}
-        self.axes = tuple(a for a in range(self.ndim) if len(self.bounds[a]) > 2)
+        self.axes = tuple(a for a in range(self.ndim) if self.bounds[a] is not None)
         self.layout = layout(self.program, tuple(self.arrays), self.axes, self.name)
         self._realign()
         self.token = tokenize(f.fn.__module__, f.fn.__qualname__, args, kwargs)
@@ -210,7 +128,6 @@ class _Call:
                              f"{sorted(ndims)}; chunked arguments must share their axes (pass small "
                              "arguments as numpy arrays)")
         self.ndim = ndims.pop()
-        first = next(iter(dasks.values()))
         chunks = []
         for d in range(self.ndim):
             split = [a for a in dasks.values() if len(a.chunks[d]) > 1]
@@ -218,8 +135,8 @@ class _Call:
                 raise ShapeError(f"{self.name}'s dask arguments are chunked along axis {d} but differ in "
                                  f"size there ({[a.shape[d] for a in dasks.values()]}); chunked arguments "
                                  "must have equal extents along their chunked axes")
-            chunks.append(split[0].chunks[d] if split else first.shape[d])
-        self.bounds = [_boundaries(c) if isinstance(c, tuple) else [0, c] for c in chunks]
+            chunks.append(split[0].chunks[d] if split else -1)  # one chunk, whatever each one's extent
+        self.bounds = [_boundaries(c) if c != -1 else None for c in chunks]
         return {n: a.rechunk(tuple(chunks)) for n, a in dasks.items()}
 
     def _realign(self) -> None:
@@ -242,7 +159,7 @@ class _Call:
                 warnings.warn(f"halide_ad.dask rechunked {self.name}'s inputs along axis {a} to chunks "
                               f"{tuple(np.diff(bounds).tolist())}: {why}", HalideADWarning, stacklevel=4)
                 self.bounds[a] = bounds
-        chunks = tuple(tuple(np.diff(b).tolist()) for b in self.bounds)
+        chunks = {a: tuple(np.diff(self.bounds[a]).tolist()) for a in self.axes}
         self.arrays = {n: x.rechunk(chunks) for n, x in self.arrays.items()}
 
     # -- shared pieces of both graphs --
@@ -270,18 +187,28 @@ class _Call:
             blocks[key] = (Block(digest, program, wrt), per_axis)
         return blocks
 
-    def _graph_inputs(self, layers: dict, deps: dict, prefix: str) -> dict:
-        """The weights as graph keys of their own (sent once to each worker, not with each task)."""
-        keys = {}
-        for name, value in self.weights.items():
-            keys[name] = (f"{prefix}-{name}",)
-            layers[keys[name][0]] = MaterializedLayer({keys[name]: value})
-            deps[keys[name][0]] = set()
-        self._weight_list = [[name, key] for name, key in keys.items()]
-        for x in self.arrays.values():
+    def _layers(self, prefix: str, blocks: dict, extra=()) -> tuple[dict, dict, set, list, dict]:
+        """The graph's layers so far (the inputs', `extra` collections', and one key for each
+        weight and each block program, so that each is sent once to a worker rather than with
+        every task), their dependencies, the layers that the tasks read, the weights' keys as
+        tasks take them, and the block programs' keys."""
+        layers, deps = {}, {}
+        for x in (*self.arrays.values(), *extra):
             layers.update(x.dask.layers)
             deps.update(x.dask.dependencies)
-        return keys
+        values = {name: (f"{prefix}-{name}",) for name in self.weights}
+        values |= {key: (f"{prefix}-program-{block.key}",) for key, (block, _) in blocks.items()}
+        for name, key in values.items():
+            layers[key[0]] = MaterializedLayer({key: self.weights[name] if name in self.weights else blocks[name][0]})
+            deps[key[0]] = set()
+        sources = {key[0] for key in values.values()}
+        sources |= {layer for x in (*self.arrays.values(), *extra) for layer in x.__dask_layers__()}
+        weights = [[name, values[name]] for name in self.weights]
+        return layers, deps, sources, weights, {key: values[key] for key in blocks}
+
+    def out_chunks(self, o: str) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(hi - lo for lo, hi in self.output_chunks(o, d)) if d in self.axes else (n,)
+                     for d, n in enumerate(self.layout.shapes[o]))
 
     def _input_pieces(self, index: tuple, plans: dict) -> list:
         out = []
@@ -311,41 +238,30 @@ class _Call:
                                        for k in range(len(self.bounds[a]) - 1)]) for a in self.axes}
         blocks = self._blocks(plans, ())
         prefix = f"hd-{self.name}-{self.token}"
-        layers, deps = {}, {}
-        weights = self._graph_inputs(layers, deps, prefix)
-        block_keys = {}
-        for key, (block, _) in blocks.items():
-            block_keys[key] = (f"{prefix}-program-{block.key}",)
-            layers[block_keys[key][0]] = MaterializedLayer({block_keys[key]: block})
-            deps[block_keys[key][0]] = set()
+        layers, deps, sources, weights, block_keys = self._layers(prefix, blocks)
         tasks = {}
         for index in grid:
             key = tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes))
-            _, per_axis = blocks[key]
             crops = {}
             for o in program.outputs:
                 crop = [slice(None)] * len(lay.shapes[o])
                 for i, a in enumerate(self.axes):
-                    start = plans[a][index[i]][0]
+                    off = plans[a][index[i]][0] // lay.scale[a][o]
                     lo, hi = self.output_chunks(o, a)[index[i]]
-                    off = start // lay.scale[a][o]
                     crop[a] = slice(lo - off, hi - off)
                 crops[o] = tuple(crop)
-            tasks[(f"{prefix}-blocks", *index)] = (_forward_task, block_keys[key], self._input_pieces(index, plans),
-                                                  self._weight_list, crops)
-        layers[f"{prefix}-blocks"] = MaterializedLayer(tasks)
-        deps[f"{prefix}-blocks"] = {x.name for x in self.arrays.values()} | {k[0] for k in weights.values()} | {
-            k[0] for k in block_keys.values()}
-        outs = []
+            tasks[(f"{prefix}-blocks", *index)] = (forward_task, block_keys[key], self._input_pieces(index, plans),
+                                                  weights, crops)
+        blocks_name = f"{prefix}-blocks"
+        layers[blocks_name] = MaterializedLayer(tasks)
+        deps[blocks_name] = sources
+        outs = {}
         for k, o in enumerate(program.outputs):
-            shape = lay.shapes[o]
-            chunks = tuple(tuple(hi - lo for lo, hi in self.output_chunks(o, d)) if d in self.axes else (n,)
-                           for d, n in enumerate(shape))
             name = f"{prefix}-{o}"
-            getters = {(name, *self._out_index(index, len(shape))): (operator.getitem, (f"{prefix}-blocks", *index), k)
+            getters = {(name, *self._out_index(index, len(lay.shapes[o]))): (operator.getitem, (blocks_name, *index), k)
                        for index in grid}
-            outs.append(self._array(layers, deps, name, getters, f"{prefix}-blocks", chunks, program.func(o).dtype))
-        return self.traced.outputs(dict(zip(program.outputs, outs, strict=True)))
+            outs[o] = self._array(layers, deps, name, getters, blocks_name, self.out_chunks(o), program.func(o).dtype)
+        return self.traced.outputs(outs)
 
     def _out_index(self, index: tuple, ndim: int) -> tuple:
         out = [0] * ndim
@@ -379,16 +295,7 @@ class _Call:
         plans = {a: _geometry(lay, a, wanted[a], chunks[a]) for a in self.axes}
         blocks = self._blocks(plans, wrt)
         prefix = f"hd-vjp-{self.name}-{tokenize(self.token, leaves)}"
-        layers, deps = {}, {}
-        weights = self._graph_inputs(layers, deps, prefix)
-        block_keys = {}
-        for key, (block, _) in blocks.items():
-            block_keys[key] = (f"{prefix}-program-{block.key}",)
-            layers[block_keys[key][0]] = MaterializedLayer({block_keys[key]: block})
-            deps[block_keys[key][0]] = set()
-        for x in leaves.values():
-            layers.update(x.dask.layers)
-            deps.update(x.dask.dependencies)
+        layers, deps, sources, weights, block_keys = self._layers(prefix, blocks, leaves.values())
         tasks = {}
         for index in grid:
             key = tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes))
@@ -407,16 +314,15 @@ class _Call:
                     start = plans[a][index[i]][0]
                     crop[a] = slice(self.bounds[a][index[i]] - start, self.bounds[a][index[i] + 1] - start)
                 crops[x] = tuple(crop)
-            tasks[(f"{prefix}-blocks", *index)] = (_backward_task, block_keys[key], self._input_pieces(index, plans),
-                                                  self._weight_list, cts, crops, bool(summed))
+            tasks[(f"{prefix}-blocks", *index)] = (backward_task, block_keys[key], self._input_pieces(index, plans),
+                                                  weights, cts, crops, bool(summed))
         blocks_name = f"{prefix}-blocks"
         layers[blocks_name] = MaterializedLayer(tasks)
-        deps[blocks_name] = ({x.name for x in self.arrays.values()} | {x.name for x in leaves.values()}
-                             | {k[0] for k in weights.values()} | {k[0] for k in block_keys.values()})
+        deps[blocks_name] = sources
         grads = {}
         for k, x in enumerate(chunked):
             name = f"{prefix}-grad-{x}"
-            getters = {(name, *self._out_index(index, self.ndim)): (_nested_getitem, (blocks_name, *index), 0, k)
+            getters = {(name, *self._out_index(index, self.ndim)): (nested_getitem, (blocks_name, *index), 0, k)
                        for index in grid}
             grads[x] = self._array(layers, deps, name, getters, blocks_name, self.arrays[x].chunks,
                                    program.buffer(x).dtype)
@@ -463,7 +369,7 @@ class _Call:
         level = []
         for index in grid:
             key = (f"{name}-partial", *index)
-            tasks[key] = (_nested_getitem, (blocks_name, *index), 1, k)
+            tasks[key] = (nested_getitem, (blocks_name, *index), 1, k)
             level.append(key)
         depth = 0
         while len(level) > 1:
@@ -472,7 +378,7 @@ class _Call:
             level = []
             for i, pair in enumerate(pairs):
                 key = (f"{name}-sum{depth}", i)
-                tasks[key] = (_add, *pair) if len(pair) == 2 else (operator.pos, pair[0])
+                tasks[key] = (add, *pair) if len(pair) == 2 else (operator.pos, pair[0])
                 level.append(key)
         root = (name, *(0,) * len(buffer.shape))
         tasks[root] = (np.reshape, level[0], buffer.shape)
@@ -480,7 +386,6 @@ class _Call:
 
     def _cotangent_leaves(self, cotangent) -> dict:
         """The cotangent per output as dask arrays in the outputs' chunks, checked as hd.vjp checks."""
-        from halide_ad.api import _leaves_like
         program, lay = self.program, self.layout
         try:
             leaves = _leaves_like(self.traced.structure(), cotangent, len(program.outputs))
@@ -488,9 +393,7 @@ class _Call:
             raise ShapeError(f"the cotangent must have the structure of {self.name}'s outputs") from None
         out = {}
         for o, ct in zip(program.outputs, leaves, strict=True):
-            shape = lay.shapes[o]
-            chunks = tuple(tuple(hi - lo for lo, hi in self.output_chunks(o, d)) if d in self.axes else (n,)
-                           for d, n in enumerate(shape))
+            shape, chunks = lay.shapes[o], self.out_chunks(o)
             if not isinstance(ct, da.Array):
                 ct = np.asarray(ct)
                 if ct.shape == shape:
@@ -499,13 +402,9 @@ class _Call:
                 raise ShapeError(f"the cotangent for output {o!r} has shape {tuple(ct.shape)}; it must be "
                                  f"{shape}, the output's shape")
             if np.dtype(ct.dtype).kind not in "fiu":
-                _cotangents(self.traced, {o: np.zeros(shape, ct.dtype)}, self.name)
+                raise DTypeError(f"the cotangent for output {o!r} has dtype {ct.dtype}; use a float array")
             out[o] = ct.rechunk(chunks)
         return out
-
-
-def _nested_getitem(value, i: int, k: int):
-    return value[i][k]
 
 
 # ---- the public functions -----------------------------------------------------------------------

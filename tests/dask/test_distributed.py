@@ -15,8 +15,8 @@ from tests.dask import programs as P  # noqa: E402
 
 
 def _block_runs():
-    import halide_ad.dask
-    return os.getpid(), len(halide_ad.dask._runs)
+    import halide_ad.blocks
+    return os.getpid(), len(halide_ad.blocks.runs)
 
 
 @pytest.fixture(scope="module")
