@@ -15,10 +15,12 @@ from halide_ad.compiler import BackwardRun, ForwardRun, compile_forward, compile
 @dataclass(frozen=True)
 class Block:
     """A block program, sent to each worker once as a piece of the graph; `key` names its kernels
-    in this process."""
+    in this process. A gradient runs two passes, seeded differently: one for the chunked
+    inputs, one for the weights."""
     key: str
     program: ir.Program
-    wrt: tuple[str, ...]
+    inputs: tuple[str, ...] = ()   # the chunked float inputs
+    weights: tuple[str, ...] = ()  # the float weights
 
 
 runs: dict = {}
@@ -26,23 +28,49 @@ runs_lock = threading.Lock()
 
 
 def kernels(block: Block, kind: str):
-    """The block's ForwardRun or BackwardRun, compiled once per process (from the disk cache
-    when another process compiled it before)."""
+    """The block's ForwardRun ("forward") or the BackwardRun for its "inputs" or its "weights",
+    compiled once per process (from the disk cache when another process compiled it before)."""
     found = runs.get((block.key, kind))
     if found is None:
         with runs_lock:
             found = runs.get((block.key, kind))
             if found is None:
                 found = (ForwardRun(block.program, compile_forward(block.program)) if kind == "forward"
-                       else BackwardRun(*compile_gradient(block.program, block.wrt)))
+                         else BackwardRun(*compile_gradient(block.program, getattr(block, kind))))
                 runs[(block.key, kind)] = found
     return found
 
 
 def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
     """The window of the array that the chunks `pieces` (nested lists, one level per dimension)
-    tile, C-contiguous as kernels take it."""
-    return np.ascontiguousarray(np.block(pieces)[window])
+    tile, copied once into a new C-contiguous array (kernels take those)."""
+    shape = []
+    first = pieces
+    while isinstance(first, list):
+        shape.append(len(first))
+        first = first[0]
+    grid = np.empty(shape, object)
+    for index in np.ndindex(*shape):
+        piece = pieces
+        for k in index:
+            piece = piece[k]
+        grid[index] = piece
+    starts = [np.cumsum([0] + [grid[(0,) * d + (k,) + (0,) * (len(shape) - d - 1)].shape[d] for k in range(n)])
+              for d, n in enumerate(shape)]
+    lo = [w.start or 0 for w in window]
+    hi = [starts[d][-1] if w.stop is None else w.stop for d, w in enumerate(window)]
+    out = np.empty([b - a for a, b in zip(lo, hi, strict=True)], first.dtype)
+    for index in np.ndindex(*shape):
+        source, target = [], []
+        for d, k in enumerate(index):
+            a, b = max(lo[d], starts[d][k]), min(hi[d], starts[d][k + 1])
+            if a >= b:
+                break
+            source.append(slice(a - starts[d][k], b - starts[d][k]))
+            target.append(slice(a - lo[d], b - lo[d]))
+        else:
+            out[tuple(target)] = grid[index][tuple(source)]
+    return out
 
 
 def arrays_of(inputs: list, weights: list) -> dict[str, np.ndarray]:
@@ -54,17 +82,15 @@ def arrays_of(inputs: list, weights: list) -> dict[str, np.ndarray]:
 def forward_task(block: Block, inputs: list, weights: list, crops: dict) -> tuple:
     arrays = arrays_of(inputs, weights)
     buffers = kernels(block, "forward")(arrays)
-    return tuple(np.array(buffers[o][crop]) for o, crop in crops.items())
+    return tuple(buffers[o][crop] for o, crop in crops.items())  # (views keep pooled buffers from reuse)
 
 
-def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: dict, sums: bool) -> tuple:
+def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: dict) -> tuple:
     """(the chunked inputs' gradients on this chunk, the weights' partial gradients). `cts` holds,
     per output, its cotangent's pieces and two placements in the block: the outputs that read this
     chunk (seeding the inputs' gradients), and this task's own output chunk (seeding the weights'
     gradients, so that every output point counts once over all tasks)."""
-    arrays = arrays_of(inputs, weights)
-    buffers = kernels(block, "forward")(arrays)
-    backward = kernels(block, "backward")
+    buffers = kernels(block, "forward")(arrays_of(inputs, weights))
     values = {name: None if pieces is None else assemble(pieces, window) for name, pieces, window, _, _ in cts}
 
     def seeds(which: int) -> dict:
@@ -77,13 +103,14 @@ def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: d
             out[name] = ct
         return out
 
-    grads = backward(buffers, seeds(0)) if crops else {}
-    chunked = tuple(np.array(grads[name][crop]) for name, crop in crops.items())
-    if not sums:
+    chunked = ()
+    if block.inputs:
+        grads = kernels(block, "inputs")(buffers, seeds(0))
+        chunked = tuple(grads[name][crop] for name, crop in crops.items())
+    if not block.weights:
         return chunked, ()
-    if not crops or any(places[0] != places[1] for _, _, _, places, _ in cts):
-        grads = backward(buffers, seeds(1))
-    return chunked, tuple(grads[name] for name, _ in weights if name in block.wrt)
+    grads = kernels(block, "weights")(buffers, seeds(1))
+    return chunked, tuple(grads[name] for name in block.weights)
 
 
 def add(a, b):

@@ -173,7 +173,7 @@ class _Call:
     def grid(self) -> list[tuple[int, ...]]:
         return list(np.ndindex(*(len(self.bounds[a]) - 1 for a in self.axes)))
 
-    def _blocks(self, plans: dict[int, list], wrt: tuple[str, ...]) -> dict:
+    def _blocks(self, plans: dict[int, list], inputs: tuple[str, ...] = (), weights: tuple[str, ...] = ()) -> dict:
         """Block programs by their extents along the chunked axes."""
         blocks = {}
         for key in {tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes)) for index in self.grid()}:
@@ -183,8 +183,8 @@ class _Call:
                 for name, m in ext.items():
                     extents.setdefault(name, {})[a] = m
             program = self.layout.rebuild(extents)
-            digest = hashlib.sha256(repr((program, wrt)).encode()).hexdigest()[:16]
-            blocks[key] = (Block(digest, program, wrt), per_axis)
+            digest = hashlib.sha256(repr((program, inputs, weights)).encode()).hexdigest()[:16]
+            blocks[key] = (Block(digest, program, inputs, weights), per_axis)
         return blocks
 
     def _layers(self, prefix: str, blocks: dict, extra=()) -> tuple[dict, dict, set, list, dict]:
@@ -236,7 +236,7 @@ class _Call:
         plans = {a: _geometry(lay, a, [{o: Region(lo, hi - 1) for o, (lo, hi) in
                                         ((o, self.output_chunks(o, a)[k]) for o in program.outputs)}
                                        for k in range(len(self.bounds[a]) - 1)]) for a in self.axes}
-        blocks = self._blocks(plans, ())
+        blocks = self._blocks(plans)
         prefix = f"hd-{self.name}-{self.token}"
         layers, deps, sources, weights, block_keys = self._layers(prefix, blocks)
         tasks = {}
@@ -277,7 +277,6 @@ class _Call:
         floats = [n for n in self.traced.arg_names if n is not None and ir.is_float(program.buffer(n).dtype)]
         chunked = [n for n in floats if n in self.arrays]
         summed = [n for n in floats if n in self.weights]
-        wrt = tuple(dict.fromkeys(floats))
         grid = self.grid()
         own, wanted, reading, chunks = {}, {}, {}, {}
         for a in self.axes:
@@ -293,7 +292,7 @@ class _Call:
                 chunks[a].append(chunk)
                 wanted[a].append({o: r.hull(reads.get(o)) if summed else reads.get(o, r) for o, r in outs.items()})
         plans = {a: _geometry(lay, a, wanted[a], chunks[a]) for a in self.axes}
-        blocks = self._blocks(plans, wrt)
+        blocks = self._blocks(plans, tuple(chunked), tuple(summed))
         prefix = f"hd-vjp-{self.name}-{tokenize(self.token, leaves)}"
         layers, deps, sources, weights, block_keys = self._layers(prefix, blocks, leaves.values())
         tasks = {}
@@ -315,7 +314,7 @@ class _Call:
                     crop[a] = slice(self.bounds[a][index[i]] - start, self.bounds[a][index[i] + 1] - start)
                 crops[x] = tuple(crop)
             tasks[(f"{prefix}-blocks", *index)] = (backward_task, block_keys[key], self._input_pieces(index, plans),
-                                                  weights, cts, crops, bool(summed))
+                                                  weights, cts, crops)
         blocks_name = f"{prefix}-blocks"
         layers[blocks_name] = MaterializedLayer(tasks)
         deps[blocks_name] = sources
