@@ -100,6 +100,10 @@ class _Call:
         f._check_arguments(args, kwargs)
         names = f._param_names(len(args))
         dasks = {n: a for n, a in zip(names, args, strict=True) if isinstance(a, da.Array)}
+        for k, v in kwargs.items():
+            if isinstance(v, da.Array):
+                raise ShapeError(f"{self.name} got the dask array {k}= as a keyword argument; pass "
+                                 "chunked arrays positionally")
         if not dasks:
             raise ShapeError(f"halide_ad.dask runs {self.name} on dask arrays, but none of its arguments "
                              "is one; call it directly on numpy arrays instead")
@@ -134,7 +138,8 @@ class _Call:
             if split and any(a.shape[d] != split[0].shape[d] for a in dasks.values()):
                 raise ShapeError(f"{self.name}'s dask arguments are chunked along axis {d} but differ in "
                                  f"size there ({[a.shape[d] for a in dasks.values()]}); chunked arguments "
-                                 "must have equal extents along their chunked axes")
+                                 "must have equal extents along their chunked axes (pass small arguments, "
+                                 "such as weights, as numpy arrays)")
             chunks.append(split[0].chunks[d] if split else -1)  # one chunk, whatever each one's extent
         self.bounds = [_boundaries(c) if c != -1 else None for c in chunks]
         return {n: a.rechunk(tuple(chunks)) for n, a in dasks.items()}

@@ -63,6 +63,14 @@ def test_chunked_arguments_of_different_extents(rng):
         hdd.function(P.deconv_loss)(a, np.ones((3, 3)), b)
 
 
+def test_a_scalar_output_and_a_keyword_dask_array(rng):
+    x = da.from_array(rng.standard_normal((8, 6)), chunks=4)
+    with pytest.raises(hd.ShapeError, match=r"has no dimension 0: it reduces or reshapes that axis away"):
+        hdd.function(hd.sum)(x)
+    with pytest.raises(hd.ShapeError, match="got the dask array m= as a keyword argument"):
+        hdd.function(P.masked)(x, m=x)
+
+
 def test_importing_halide_ad_does_not_import_dask():
     code = "import sys, halide_ad; assert not any(m == 'dask' or m.startswith('dask.') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
