@@ -324,18 +324,25 @@ def readers(lay: Layout, axis: int, sources: dict[str, Region]) -> dict[str, Reg
 
 
 def block_extents(lay: Layout, axis: int, m: int) -> dict[str, int]:
-    """Each carrier's extent along `axis` in a block whose chunked inputs have extent m: as large
-    as its reads allow (reads without a view must stay inside), never past the whole extent."""
+    """Each carrier's extent along `axis` in a block whose chunked inputs have extent m: in step
+    with the whole program's extents (a stage as much longer or shorter than its input as there),
+    no longer than its reads without a view allow, at least 1 and at most the whole extent.
+
+    A block ending at the array's far edge then ends at every stage's far edge, and a block of
+    the whole axis is the whole program."""
     extents = dict.fromkeys(lay.chunked, m)
     for f in lay.program.funcs:
         reads = lay.reads[axis].get(f.name)
         if not reads:
             continue
+        n_f = lay.shapes[f.name][axis]
         sizes = []
         for read in reads:
-            m_b = extents[read.buffer]
-            sizes.append((m_b - 1 - read.hi) // read.scale + 1 if read.view == "none" else -(-m_b // read.scale))
-        extents[f.name] = min(min(sizes), lay.shapes[f.name][axis])
+            m_b, n_b = extents[read.buffer], lay.shapes[read.buffer][axis]
+            sizes.append(-(-m_b // read.scale) + n_f - -(-n_b // read.scale))
+            if read.view == "none":
+                sizes.append((m_b - 1 - read.hi) // read.scale + 1)
+        extents[f.name] = max(1, min(min(sizes), n_f))
     return extents
 
 

@@ -97,3 +97,20 @@ def upsampled(x):
 def masked(x, m):
     """Fine when m is chunked as x is; refused when m is a numpy array that tasks would read by position."""
     return hd.compute(x.shape, lambda i, j: x[i, j] * m[i, j])
+
+
+@hd.func
+def conv_full(x, w):
+    """A 'full' convolution: the output is longer than the input, read through constant_exterior."""
+    c = hd.constant_exterior(x)
+    kh, kw = w.shape
+    r, s = hd.rdom(kh, kw)
+    shape = (x.shape[0] + kh - 1, x.shape[1] + kw - 1)
+    return hd.compute(shape, lambda i, j: hd.sum(c[i + r - kh + 1, j + s - kw + 1] * w[r, s]))
+
+
+@hd.func
+def wide_mirror(x):
+    """A mirror read 3 past each side: on an axis of 3 it folds more than once."""
+    m = hd.mirror(x)
+    return hd.compute(x.shape, lambda i, j: m[i - 3, j] + 2.0 * m[i + 3, j] + m[i, j])

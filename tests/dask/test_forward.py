@@ -94,6 +94,19 @@ def test_an_output_chunk_that_would_be_empty_merges_and_says_so(rng):
     np.testing.assert_array_equal(got.compute(), P.conv_valid(x, w))
 
 
+def test_an_output_longer_than_its_input(rng):
+    x, w = rng.standard_normal((11, 9)), rng.standard_normal((3, 2))
+    got = hdd.function(P.conv_full)(_chunked(x, (4, 3)), w)
+    assert got.chunks == ((4, 4, 5), (3, 3, 4))  # the last chunk holds the two extra rows
+    np.testing.assert_array_equal(got.compute(), P.conv_full(x, w))
+
+
+@pytest.mark.parametrize("shape, chunks", [((3, 4), (1, 2)), ((8, 4), (3, 4))])
+def test_a_mirror_wider_than_the_chunks_or_the_axis(shape, chunks, rng):
+    x = rng.standard_normal(shape)  # on an axis of 3, a reach of 3 reflects twice
+    np.testing.assert_array_equal(hdd.function(P.wide_mirror)(_chunked(x, chunks)).compute(), P.wide_mirror(x))
+
+
 def test_two_chunked_inputs_with_different_chunks(rng):
     x, t = rng.standard_normal((12, 10)), rng.standard_normal((12, 10))
     k = rng.standard_normal((3, 3))

@@ -37,9 +37,9 @@ def test_a_pipeline_gradient_in_float32(rng):
     np.testing.assert_array_equal(gx, hd.vjp(P.blur_pool_blur, x)[1](ct)[0])
 
 
-@pytest.mark.parametrize("fn", [P.conv_valid, P.conv_strided])
+@pytest.mark.parametrize("fn", [P.conv_valid, P.conv_strided, P.conv_full])
 def test_weight_gradients_sum_over_chunks(fn, rng):
-    x, w = rng.standard_normal((18, 16)), rng.standard_normal((3, 3))
+    x, w = rng.standard_normal((18, 16)), rng.standard_normal((3, 2))
     ref_out, ref_vjp = hd.vjp(fn, x, w)
     ct = rng.standard_normal(ref_out.shape)
     gx_ref, gw_ref = ref_vjp(ct)
@@ -59,6 +59,12 @@ def test_weight_gradient_bits_do_not_depend_on_the_scheduler(rng):
     # another chunking sums in another order: equal to rounding
     _, other = hdd.vjp(P.conv_valid, da.from_array(x, chunks=(7, 9)), w)
     np.testing.assert_allclose(_grads(other, ct)[1], runs[0], rtol=1e-12, atol=1e-12)
+
+
+def test_a_mirror_that_folds_twice(rng):
+    x, ct = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    _, vjp_fn = hdd.vjp(P.wide_mirror, da.from_array(x, chunks=(1, 2)))
+    np.testing.assert_array_equal(_grads(vjp_fn, ct)[0], hd.vjp(P.wide_mirror, x)[1](ct)[0])
 
 
 def test_two_chunked_inputs_and_a_weight(rng):
