@@ -3,8 +3,9 @@ each task on its chunk plus a halo that `halide_ad/chunks.py` derives from the p
 expressions. docs/dask.md explains the construction and its limits.
 
 Arguments that are dask arrays are chunked; numpy arrays (weights) and static options go to every
-task whole. dask's schedulers run the graphs: the threaded one, or `dask.distributed`, whose
-workers unpickle `fn` by reference and load its kernels from the on-disk cache.
+task whole. dask's schedulers run the graphs: the threaded one, or `dask.distributed`. The graphs
+carry block programs (IR), not `fn`: a worker compiles each once, or loads its kernels from the
+on-disk cache.
 """
 from __future__ import annotations
 
@@ -363,7 +364,6 @@ class _Call:
                     source[r][a] = slice(region[i].lo - span.lo, region[i].hi + 1 - span.lo)
         places = tuple(None if None in region else (tuple(into[r]), tuple(source[r]))
                        for r, region in enumerate(regions))
-        places = places + (None,) * (2 - len(places))
         return _pieces(ct.name, len(shape), ranges), tuple(window), places, tuple(shape)
 
     def _tree_sum(self, layers, deps, name: str, blocks_name: str, grid, k: int, buffer: ir.Buffer) -> da.Array:
@@ -378,12 +378,11 @@ class _Call:
         depth = 0
         while len(level) > 1:
             depth += 1
-            pairs = [level[i:i + 2] for i in range(0, len(level), 2)]
-            level = []
-            for i, pair in enumerate(pairs):
-                key = (f"{name}-sum{depth}", i)
-                tasks[key] = (add, *pair) if len(pair) == 2 else (operator.pos, pair[0])
-                level.append(key)
+            pairs = []
+            for i in range(0, len(level) - 1, 2):
+                pairs.append((f"{name}-sum{depth}", i // 2))
+                tasks[pairs[-1]] = (add, level[i], level[i + 1])
+            level = pairs + level[len(pairs) * 2:]  # an odd one out joins the next level
         root = (name, *(0,) * len(buffer.shape))
         tasks[root] = (np.reshape, level[0], buffer.shape)
         return self._array(layers, deps, name, tasks, blocks_name, tuple((n,) for n in buffer.shape), buffer.dtype)
