@@ -25,7 +25,7 @@ from halide_ad.errors import InternalError, ShapeError, SourceLoc
 from halide_ad.ir import Bin, Call, Const, Load, Op, Reduce, Select, Var
 from halide_ad.solver.affine import linear_form
 from halide_ad.solver.bounds import check_bounds
-from halide_ad.traverse import conjuncts, free_vars, map_children, walk
+from halide_ad.traverse import children, conjuncts, free_vars, map_children, walk
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,8 @@ class Layout:
 
         def index(load: Load, d: int, e: ir.Expr, guarded: bool) -> ir.Expr:
             carried = [a for a in axes if a == d and self.carries(load.buffer, a)]
-            if not carried:
-                for v in free_vars(e) & own.keys():
+            if not carried:  # a position along a chunked axis may reach it only through a read (a lookup)
+                for v in _bare_vars(e) & own.keys():
                     raise Refusal(own[v], f"{f.name} reads {load.buffer}, which is not chunked along "
                                   f"axis {own[v]}, at `{e}`: a position along that axis", load.loc or f.loc)
                 return visit(e)
@@ -226,6 +226,15 @@ class Layout:
             return map_children(e, visit)
 
         return visit(f.body)
+
+
+def _bare_vars(e: ir.Expr) -> set[Var]:
+    """The variables of `e` outside the index expressions of its reads."""
+    if isinstance(e, Var):
+        return {e}
+    if isinstance(e, Load):
+        return set()
+    return set().union(*(_bare_vars(c) for c in children(e)))
 
 
 def layout(program: ir.Program, chunked: tuple[str, ...], axes: tuple[int, ...], fn_name: str) -> Layout:

@@ -107,6 +107,17 @@ def test_a_mirror_wider_than_the_chunks_or_the_axis(shape, chunks, rng):
     np.testing.assert_array_equal(hdd.function(P.wide_mirror)(_chunked(x, chunks)).compute(), P.wide_mirror(x))
 
 
+def test_a_lookup_in_a_small_table_by_chunked_data(rng):
+    levels, table = rng.integers(-2, 12, (9, 8)), rng.standard_normal(10)
+    got = hdd.function(P.tone_curve)(_chunked(levels, (4, 3)), table)
+    np.testing.assert_array_equal(got.compute(), P.tone_curve(levels, table))
+    _, vjp_fn = hdd.vjp(P.tone_curve, _chunked(levels, (4, 3)), table)
+    ct = rng.standard_normal((9, 8))
+    none, g_table = vjp_fn(ct)
+    assert none is None  # integer data has no gradient
+    np.testing.assert_allclose(g_table.compute(), hd.vjp(P.tone_curve, levels, table)[1](ct)[1], rtol=1e-12)
+
+
 def test_two_chunked_inputs_with_different_chunks(rng):
     x, t = rng.standard_normal((12, 10)), rng.standard_normal((12, 10))
     k = rng.standard_normal((3, 3))
