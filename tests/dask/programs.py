@@ -121,3 +121,10 @@ def tone_curve(levels, table):
     """A lookup: each pixel's level indexes a small table (a numpy argument)."""
     n = table.shape[0]
     return hd.compute(levels.shape, lambda i, j: table[hd.clamp(levels[i, j], 0, n - 1)] * 2.0)
+
+
+@hd.func
+def conv_relu_pool(x, w, b):
+    """halide_ad.ops layers on NCHW images: a padded convolution, relu, 2x2 max pool."""
+    from halide_ad import ops
+    return ops.max_pool2d(ops.relu(ops.conv2d(x, w, b, stride=1, padding=1)), 2)

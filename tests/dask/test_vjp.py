@@ -67,6 +67,19 @@ def test_a_mirror_that_folds_twice(rng):
     np.testing.assert_array_equal(_grads(vjp_fn, ct)[0], hd.vjp(P.wide_mirror, x)[1](ct)[0])
 
 
+def test_an_ops_layer_on_nchw_images(rng):
+    x, w, b = rng.standard_normal((2, 2, 12, 10)), rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3)
+    out, vjp_fn = hdd.vjp(P.conv_relu_pool, da.from_array(x, chunks=(2, 2, 4, 4)), w, b)
+    assert out.chunks == ((2,), (3,), (2, 2, 2), (2, 2, 1))
+    np.testing.assert_array_equal(out.compute(), P.conv_relu_pool(x, w, b))
+    ct = rng.standard_normal((2, 3, 6, 5))
+    gx, gw, gb = _grads(vjp_fn, ct)
+    rx, rw, rb = hd.vjp(P.conv_relu_pool, x, w, b)[1](ct)
+    np.testing.assert_array_equal(gx, rx)
+    np.testing.assert_allclose(gw, rw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gb, rb, rtol=1e-12, atol=1e-12)
+
+
 def test_two_chunked_inputs_and_a_weight(rng):
     x, t, k = rng.standard_normal((12, 10)), rng.standard_normal((12, 10)), rng.standard_normal((3, 3))
     ct = rng.standard_normal(x.shape)
