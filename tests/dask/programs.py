@@ -128,3 +128,10 @@ def conv_relu_pool(x, w, b):
     """halide_ad.ops layers on NCHW images: a padded convolution, relu, 2x2 max pool."""
     from halide_ad import ops
     return ops.max_pool2d(ops.relu(ops.conv2d(x, w, b, stride=1, padding=1)), 2)
+
+
+@hd.func
+def conv_only(x, w):
+    """halide_ad.ops.conv2d alone, padded: big enough images take the direct convolution kernels."""
+    from halide_ad import ops
+    return ops.conv2d(x, w, stride=1, padding=1)

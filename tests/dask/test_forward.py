@@ -118,6 +118,14 @@ def test_a_lookup_in_a_small_table_by_chunked_data(rng):
     np.testing.assert_allclose(g_table.compute(), hd.vjp(P.tone_curve, levels, table)[1](ct)[1], rtol=1e-12)
 
 
+def test_a_convolution_whose_whole_array_takes_other_kernels(rng):
+    """The whole image's 16-channel convolution is big enough for the direct convolution kernels,
+    a 32x32 block's is not: the chunks agree to rounding (docs/dask.md)."""
+    x, w = rng.standard_normal((1, 16, 128, 128)), rng.standard_normal((16, 16, 3, 3))
+    got = hdd.function(P.conv_only)(_chunked(x, (1, 16, 32, 32)), w).compute()
+    np.testing.assert_allclose(got, P.conv_only(x, w), rtol=1e-12, atol=1e-12)
+
+
 def test_two_chunked_inputs_with_different_chunks(rng):
     x, t = rng.standard_normal((12, 10)), rng.standard_normal((12, 10))
     k = rng.standard_normal((3, 3))
