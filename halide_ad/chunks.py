@@ -163,8 +163,8 @@ class Layout:
         recording = shapes is self.shapes
 
         def index(load: Load, d: int, e: ir.Expr, guarded: bool) -> ir.Expr:
-            carried = [a for a in axes if a == d and self.carries(load.buffer, a)]
-            if not carried:  # a position along a chunked axis may reach it only through a read (a lookup)
+            if d not in axes or not self.carries(load.buffer, d):
+                # a position along a chunked axis may reach this index only through a read (a lookup)
                 for v in _bare_vars(e) & own.keys():
                     raise Refusal(own[v], f"{f.name} reads {load.buffer}, which is not chunked along "
                                   f"axis {own[v]}, at `{e}`: a position along that axis", load.loc or f.loc)
