@@ -112,7 +112,8 @@ def main() -> None:
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                           dashboard_address=None) as cluster, Client(cluster) as client:
             on_workers = client.persist([xd, ctd])  # the chunks live on the workers, as a cluster's data does
-            rows += chunked_rows(client.get, f"{workers} worker process{'es' if workers > 1 else ''}", *on_workers)
+            where = f"{workers} worker process{'es' if workers > 1 else ''}"
+            rows += chunked_rows(client.get, where, *on_workers)
 
     print(f"5x5 blur, {args.size}^2 float32 in {args.chunk}^2 chunks; median of {args.repeat}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")

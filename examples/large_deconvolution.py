@@ -42,7 +42,7 @@ def squared_error(x, k, observed):
 
 def true_kernel(size: int = 5) -> np.ndarray:
     y, x = np.mgrid[:size, :size] - size // 2
-    k = np.exp(-(x ** 2 / 2.0 + y ** 2 / 0.6) / 2) + 0.3 * (x == y)  # a Gaussian, wider than tall, and a streak
+    k = np.exp(-(x ** 2 / 2.0 + y ** 2 / 0.6) / 2) + 0.3 * (x == y)  # a wide Gaussian and a streak
     return (k / k.sum()).astype(np.float32)
 
 
@@ -58,8 +58,9 @@ def main() -> None:
             Client(cluster) as client:
         print(f"dashboard: {client.dashboard_link}")
         chunks = (args.chunk, args.chunk)
-        sharp = da.random.default_rng(0).standard_normal((args.size, args.size), chunks=chunks, dtype=np.float32)
-        noise = da.random.default_rng(1).standard_normal((args.size, args.size), chunks=chunks, dtype=np.float32)
+        shape = (args.size, args.size)
+        sharp = da.random.default_rng(0).standard_normal(shape, chunks=chunks, dtype=np.float32)
+        noise = da.random.default_rng(1).standard_normal(shape, chunks=chunks, dtype=np.float32)
         k_true = true_kernel()
         observed = hdd.function(blur)(sharp, k_true) + np.float32(0.01) * noise
         sharp, observed = client.persist([sharp, observed])

@@ -55,8 +55,8 @@ def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
         for k in index:
             piece = piece[k]
         grid[index] = piece
-    starts = [np.cumsum([0] + [grid[(0,) * d + (k,) + (0,) * (len(shape) - d - 1)].shape[d] for k in range(n)])
-              for d, n in enumerate(shape)]
+    starts = [np.cumsum([0] + [grid[(0,) * d + (k,) + (0,) * (len(shape) - d - 1)].shape[d]
+                               for k in range(n)]) for d, n in enumerate(shape)]
     lo = [w.start or 0 for w in window]
     hi = [starts[d][-1] if w.stop is None else w.stop for d, w in enumerate(window)]
     out = np.empty([b - a for a, b in zip(lo, hi, strict=True)], first.dtype)
@@ -91,7 +91,8 @@ def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: d
     chunk (seeding the inputs' gradients), and this task's own output chunk (seeding the weights'
     gradients, so that every output point counts once over all tasks)."""
     buffers = kernels(block, "forward")(arrays_of(inputs, weights))
-    values = {name: None if pieces is None else assemble(pieces, window) for name, pieces, window, _, _ in cts}
+    values = {name: None if pieces is None else assemble(pieces, window)
+              for name, pieces, window, _, _ in cts}
 
     def seeds(which: int) -> dict:
         out = {}

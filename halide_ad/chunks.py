@@ -93,8 +93,9 @@ def _guard(e: ir.Expr, shape_of) -> tuple[Load, tuple[ir.Expr, ...]] | None:
         return None
     for d, n in enumerate(shape):
         ge, lt = terms[2 * d], terms[2 * d + 1]
-        if not (isinstance(ge, Bin) and ge.op is Op.GE and ge.lhs == load.index[d] and _is_int(ge.rhs, 0)
-                and isinstance(lt, Bin) and lt.op is Op.LT and lt.lhs == load.index[d] and _is_int(lt.rhs, n)):
+        at = load.index[d]
+        if not (isinstance(ge, Bin) and ge.op is Op.GE and ge.lhs == at and _is_int(ge.rhs, 0)
+                and isinstance(lt, Bin) and lt.op is Op.LT and lt.lhs == at and _is_int(lt.rhs, n)):
             return None
     return load, terms
 
@@ -217,7 +218,8 @@ class Layout:
                 shape = shapes[load.buffer]
                 cond = None
                 for d, e_d in enumerate(new.index):
-                    inside = Bin(Op.AND, Bin(Op.GE, e_d, terms[2 * d].rhs), Bin(Op.LT, e_d, ir.const(shape[d])))
+                    inside = Bin(Op.AND, Bin(Op.GE, e_d, terms[2 * d].rhs),
+                                 Bin(Op.LT, e_d, ir.const(shape[d])))
                     cond = inside if cond is None else Bin(Op.AND, cond, inside)
                 true = dataclasses.replace(e.true, value=new) if isinstance(e.true, ir.Cast) else new
                 return Select(cond, true, visit(e.false))

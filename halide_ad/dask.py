@@ -61,7 +61,8 @@ def _geometry(lay: Layout, axis: int, wanted: list[dict[str, Region]],
         if fits(lay, axis, r, start, extents):
             out.append((start, m, r))
             continue
-        for start, end in ((span.lo // stride * stride, span.hi + 1), (span.lo // stride * stride, n), (0, n)):
+        first = span.lo // stride * stride
+        for start, end in ((first, span.hi + 1), (first, n), (0, n)):
             if fits(lay, axis, r, start, block_extents(lay, axis, end - start)):
                 out.append((start, end - start, r))
                 break
@@ -179,7 +180,8 @@ class _Call:
     def grid(self) -> list[tuple[int, ...]]:
         return list(np.ndindex(*(len(self.bounds[a]) - 1 for a in self.axes)))
 
-    def _blocks(self, plans: dict[int, list], inputs: tuple[str, ...] = (), weights: tuple[str, ...] = ()) -> dict:
+    def _blocks(self, plans: dict[int, list], inputs: tuple[str, ...] = (),
+                weights: tuple[str, ...] = ()) -> dict:
         """Block programs by their extents along the chunked axes."""
         blocks = {}
         for key in {tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes)) for index in self.grid()}:
@@ -205,7 +207,8 @@ class _Call:
         values = {name: (f"{prefix}-{name}",) for name in self.weights}
         values |= {key: (f"{prefix}-program-{block.key}",) for key, (block, _) in blocks.items()}
         for name, key in values.items():
-            layers[key[0]] = MaterializedLayer({key: self.weights[name] if name in self.weights else blocks[name][0]})
+            value = self.weights[name] if name in self.weights else blocks[name][0]
+            layers[key[0]] = MaterializedLayer({key: value})
             deps[key[0]] = set()
         sources = {key[0] for key in values.values()}
         sources |= {layer for x in (*self.arrays.values(), *extra) for layer in x.__dask_layers__()}
@@ -256,17 +259,18 @@ class _Call:
                     lo, hi = self.output_chunks(o, a)[index[i]]
                     crop[a] = slice(lo - off, hi - off)
                 crops[o] = tuple(crop)
-            tasks[(f"{prefix}-blocks", *index)] = (forward_task, block_keys[key], self._input_pieces(index, plans),
-                                                  weights, crops)
+            tasks[(f"{prefix}-blocks", *index)] = (forward_task, block_keys[key],
+                                                  self._input_pieces(index, plans), weights, crops)
         blocks_name = f"{prefix}-blocks"
         layers[blocks_name] = MaterializedLayer(tasks)
         deps[blocks_name] = sources
         outs = {}
         for k, o in enumerate(program.outputs):
             name = f"{prefix}-{o}"
-            getters = {(name, *self._out_index(index, len(lay.shapes[o]))): (operator.getitem, (blocks_name, *index), k)
-                       for index in grid}
-            outs[o] = self._array(layers, deps, name, getters, blocks_name, self.out_chunks(o), program.func(o).dtype)
+            getters = {(name, *self._out_index(index, len(lay.shapes[o]))):
+                       (operator.getitem, (blocks_name, *index), k) for index in grid}
+            outs[o] = self._array(layers, deps, name, getters, blocks_name, self.out_chunks(o),
+                                  program.func(o).dtype)
         return self.traced.outputs(outs)
 
     def _out_index(self, index: tuple, ndim: int) -> tuple:
@@ -296,7 +300,8 @@ class _Call:
                 own[a].append(outs)
                 reading[a].append(reads)
                 chunks[a].append(chunk)
-                wanted[a].append({o: r.hull(reads.get(o)) if summed else reads.get(o, r) for o, r in outs.items()})
+                wanted[a].append({o: r.hull(reads.get(o)) if summed else reads.get(o, r)
+                                  for o, r in outs.items()})
         plans = {a: _geometry(lay, a, wanted[a], chunks[a]) for a in self.axes}
         blocks = self._blocks(plans, tuple(chunked), tuple(summed))
         prefix = f"hd-vjp-{self.name}-{tokenize(self.token, leaves)}"
@@ -319,20 +324,21 @@ class _Call:
                     start = plans[a][index[i]][0]
                     crop[a] = slice(self.bounds[a][index[i]] - start, self.bounds[a][index[i] + 1] - start)
                 crops[x] = tuple(crop)
-            tasks[(f"{prefix}-blocks", *index)] = (backward_task, block_keys[key], self._input_pieces(index, plans),
-                                                  weights, cts, crops)
+            tasks[(f"{prefix}-blocks", *index)] = (backward_task, block_keys[key],
+                                                  self._input_pieces(index, plans), weights, cts, crops)
         blocks_name = f"{prefix}-blocks"
         layers[blocks_name] = MaterializedLayer(tasks)
         deps[blocks_name] = sources
         grads = {}
         for k, x in enumerate(chunked):
             name = f"{prefix}-grad-{x}"
-            getters = {(name, *self._out_index(index, self.ndim)): (nested_getitem, (blocks_name, *index), 0, k)
-                       for index in grid}
+            getters = {(name, *self._out_index(index, self.ndim)):
+                       (nested_getitem, (blocks_name, *index), 0, k) for index in grid}
             grads[x] = self._array(layers, deps, name, getters, blocks_name, self.arrays[x].chunks,
                                    program.buffer(x).dtype)
         for k, w in enumerate(summed):
-            grads[w] = self._tree_sum(layers, deps, f"{prefix}-grad-{w}", blocks_name, grid, k, program.buffer(w))
+            grads[w] = self._tree_sum(layers, deps, f"{prefix}-grad-{w}", blocks_name, grid, k,
+                                      program.buffer(w))
         return tuple(None if n is None else grads.get(n) for n in self.traced.arg_names)
 
     def _placements(self, o: str, ct: da.Array, index: tuple, plans: dict, per_axis: dict, regions: list):
@@ -366,7 +372,8 @@ class _Call:
                        for r, region in enumerate(regions))
         return _pieces(ct.name, len(shape), ranges), tuple(window), places, tuple(shape)
 
-    def _tree_sum(self, layers, deps, name: str, blocks_name: str, grid, k: int, buffer: ir.Buffer) -> da.Array:
+    def _tree_sum(self, layers, deps, name: str, blocks_name: str, grid, k: int,
+                  buffer: ir.Buffer) -> da.Array:
         """The sum of the tasks' partial gradients of a weight, pairwise in the grid's order: the
         same additions in the same order whatever the scheduler runs first."""
         tasks = {}
@@ -385,7 +392,8 @@ class _Call:
             level = pairs + level[len(pairs) * 2:]  # an odd one out joins the next level
         root = (name, *(0,) * len(buffer.shape))
         tasks[root] = (np.reshape, level[0], buffer.shape)
-        return self._array(layers, deps, name, tasks, blocks_name, tuple((n,) for n in buffer.shape), buffer.dtype)
+        return self._array(layers, deps, name, tasks, blocks_name, tuple((n,) for n in buffer.shape),
+                           buffer.dtype)
 
     def _cotangent_leaves(self, cotangent) -> dict:
         """The cotangent per output as dask arrays in the outputs' chunks, checked as hd.vjp checks."""

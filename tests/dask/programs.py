@@ -18,7 +18,8 @@ def _viewed(x, view: str):
 def blur(x, view):
     """A 3x3 blur, unequal weights, shape kept; the view acts at the edges."""
     v = _viewed(x, view)
-    return hd.compute(x.shape, lambda i, j: 0.5 * v(i - 1, j) + v(i, j) + 0.25 * v(i + 1, j - 1) + 0.125 * v(i, j + 1))
+    return hd.compute(x.shape, lambda i, j: (0.5 * v(i - 1, j) + v(i, j) + 0.25 * v(i + 1, j - 1)
+                                             + 0.125 * v(i, j + 1)))
 
 
 @hd.func
@@ -37,7 +38,8 @@ def conv_valid(x, w):
     """A 'valid' convolution with a weight argument (broadcast to every task)."""
     kh, kw = w.shape
     r, s = hd.rdom(kh, kw)
-    return hd.compute((x.shape[0] - kh + 1, x.shape[1] - kw + 1), lambda i, j: hd.sum(x[i + r, j + s] * w[r, s]))
+    shape = (x.shape[0] - kh + 1, x.shape[1] - kw + 1)
+    return hd.compute(shape, lambda i, j: hd.sum(x[i + r, j + s] * w[r, s]))
 
 
 @hd.func

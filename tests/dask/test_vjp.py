@@ -111,5 +111,6 @@ def test_chunked_gradients_match_finite_differences(rng):
 def test_a_cotangent_of_the_wrong_shape_says_which(rng):
     x = rng.standard_normal((8, 8))
     _, vjp_fn = hdd.vjp(P.blur, da.from_array(x, chunks=4), "mirror")
-    with pytest.raises(hd.ShapeError, match=r"cotangent for output .* has shape \(8, 7\); it must be \(8, 8\)"):
+    with pytest.raises(hd.ShapeError,
+                       match=r"cotangent for output .* has shape \(8, 7\); it must be \(8, 8\)"):
         vjp_fn(np.zeros((8, 7)))
