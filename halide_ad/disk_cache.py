@@ -32,7 +32,7 @@ def _salt() -> str:
     source = hashlib.sha256()
     for package in ("halide_ad", "halide_ad.solver", "halide_ad.runtime"):
         folder = os.path.dirname(importlib.util.find_spec(package).origin)
-        for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
+        for path in sorted(glob.glob(os.path.join(folder, "**", "*.py"), recursive=True)):
             with open(path, "rb") as fh:
                 source.update(fh.read())
     return f"{importlib.metadata.version('z3-solver')}|{sys.version_info[:2]}|{source.hexdigest()}"

@@ -1,0 +1,123 @@
+"""What a halide_ad.dask task runs, on whichever worker: assemble a block from its chunks, run
+the block program's compiled kernels, crop the chunk. Numpy only; `halide_ad/dask.py` builds the
+graphs whose tasks call these."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from halide_ad import ir
+from halide_ad.compiler import compile_forward, compile_gradient
+from halide_ad.runtime.execute import BackwardRun, ForwardRun
+
+
+@dataclass(frozen=True)
+class Block:
+    """A block program, sent to each worker once as a piece of the graph; `key` names its kernels
+    in this process. A gradient runs two passes, seeded differently: one for the chunked
+    inputs, one for the weights."""
+    key: str
+    program: ir.Program
+    inputs: tuple[str, ...] = ()   # the chunked float inputs
+    weights: tuple[str, ...] = ()  # the float weights
+
+
+runs: dict = {}
+runs_lock = threading.Lock()
+
+
+def kernels(block: Block, kind: str):
+    """The block's ForwardRun ("forward") or the BackwardRun for its "inputs" or its "weights",
+    compiled once per process (from the disk cache when another process compiled it before)."""
+    found = runs.get((block.key, kind))
+    if found is None:
+        with runs_lock:
+            found = runs.get((block.key, kind))
+            if found is None:
+                found = (ForwardRun(block.program, compile_forward(block.program)) if kind == "forward"
+                         else BackwardRun(*compile_gradient(block.program, getattr(block, kind))))
+                runs[(block.key, kind)] = found
+    return found
+
+
+def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
+    """The window of the array that the chunks `pieces` (nested lists, one level per dimension)
+    tile, copied once into a new C-contiguous array (kernels take those)."""
+    shape = []
+    first = pieces
+    while isinstance(first, list):
+        shape.append(len(first))
+        first = first[0]
+    grid = np.empty(shape, object)
+    for index in np.ndindex(*shape):
+        piece = pieces
+        for k in index:
+            piece = piece[k]
+        grid[index] = piece
+    starts = [np.cumsum([0] + [grid[(0,) * d + (k,) + (0,) * (len(shape) - d - 1)].shape[d]
+                               for k in range(n)]) for d, n in enumerate(shape)]
+    lo = [w.start or 0 for w in window]
+    hi = [starts[d][-1] if w.stop is None else w.stop for d, w in enumerate(window)]
+    out = np.empty([b - a for a, b in zip(lo, hi, strict=True)], first.dtype)
+    for index in np.ndindex(*shape):
+        source, target = [], []
+        for d, k in enumerate(index):
+            a, b = max(lo[d], starts[d][k]), min(hi[d], starts[d][k + 1])
+            if a >= b:
+                break
+            source.append(slice(a - starts[d][k], b - starts[d][k]))
+            target.append(slice(a - lo[d], b - lo[d]))
+        else:
+            out[tuple(target)] = grid[index][tuple(source)]
+    return out
+
+
+def arrays_of(inputs: list, weights: list) -> dict[str, np.ndarray]:
+    """The block's arguments by buffer name. (Tasks take lists: dask finds keys in lists, not in
+    dicts or tuples.)"""
+    return {name: assemble(p, w) for name, p, w in inputs} | dict(weights)
+
+
+def forward_task(block: Block, inputs: list, weights: list, crops: dict) -> tuple:
+    arrays = arrays_of(inputs, weights)
+    buffers = kernels(block, "forward")(arrays)
+    return tuple(buffers[o][crop] for o, crop in crops.items())  # (views keep pooled buffers from reuse)
+
+
+def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: dict) -> tuple:
+    """(the chunked inputs' gradients on this chunk, the weights' partial gradients). `cts` holds,
+    per output, its cotangent's pieces and two placements in the block: the outputs that read this
+    chunk (seeding the inputs' gradients), and this task's own output chunk (seeding the weights'
+    gradients, so that every output point counts once over all tasks)."""
+    buffers = kernels(block, "forward")(arrays_of(inputs, weights))
+    values = {name: None if pieces is None else assemble(pieces, window)
+              for name, pieces, window, _, _ in cts}
+
+    def seeds(which: int) -> dict:
+        out = {}
+        for name, _, _, places, shape in cts:
+            ct = np.zeros(shape, block.program.func(name).dtype)
+            if places[which] is not None:
+                into, source = places[which]
+                ct[into] = values[name][source]
+            out[name] = ct
+        return out
+
+    chunked = ()
+    if block.inputs:
+        grads = kernels(block, "inputs")(buffers, seeds(0))
+        chunked = tuple(grads[name][crop] for name, crop in crops.items())
+    if not block.weights:
+        return chunked, ()
+    grads = kernels(block, "weights")(buffers, seeds(1))
+    return chunked, tuple(grads[name] for name in block.weights)
+
+
+def add(a, b):
+    return a + b
+
+
+def nested_getitem(value, i: int, k: int):
+    return value[i][k]

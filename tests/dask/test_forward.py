@@ -1,0 +1,136 @@
+"""halide_ad.dask.function: chunked results equal the whole-array function's, bit for bit."""
+import warnings
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+
+import halide_ad as hd  # noqa: E402
+import halide_ad.dask as hdd  # noqa: E402
+from tests.dask import programs as P  # noqa: E402
+
+
+def _chunked(x, chunks):
+    return da.from_array(x, chunks=chunks)
+
+
+def _program_keys(arr) -> set:
+    return {name for name in arr.dask.layers if "-program-" in name}
+
+
+@pytest.mark.parametrize("view", P.VIEWS)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_every_boundary_view_matches_the_whole_array(view, dtype, rng):
+    x = rng.standard_normal((13, 11)).astype(dtype)
+    got = hdd.function(P.blur)(_chunked(x, (4, 3)), view)
+    assert got.chunks == ((4, 4, 4, 1), (3, 3, 3, 2))
+    np.testing.assert_array_equal(got.compute(scheduler="threads"), P.blur(x, view))
+
+
+def test_chunks_of_one_and_a_single_row(rng):
+    x = rng.standard_normal((9, 7))
+    np.testing.assert_array_equal(hdd.function(P.blur)(_chunked(x, (1, 2)), "mirror").compute(),
+                                  P.blur(x, "mirror"))
+    row = rng.standard_normal((1, 12))  # axis 0 has one element: only axis 1 is chunked
+    np.testing.assert_array_equal(hdd.function(P.blur)(_chunked(row, (1, 5)), "repeat_edge").compute(),
+                                  P.blur(row, "repeat_edge"))
+
+
+def test_a_non_contiguous_array(rng):
+    x = rng.standard_normal((10, 16))[:, ::2]
+    np.testing.assert_array_equal(hdd.function(P.blur)(_chunked(x, (3, 3)), "constant_exterior").compute(),
+                                  P.blur(np.ascontiguousarray(x), "constant_exterior"))
+
+
+def test_uniform_chunks_share_one_block_program(rng):
+    x = rng.standard_normal((24, 20))
+    got = hdd.function(P.blur)(_chunked(x, (6, 5)), "mirror")
+    assert len(_program_keys(got)) == 1  # one kernel for 16 chunks, edge chunks included
+    np.testing.assert_array_equal(got.compute(), P.blur(x, "mirror"))
+
+
+def test_halos_are_the_exact_reach_of_each_axis(rng):
+    x = _chunked(rng.standard_normal((24, 20)), (6, 6))
+    assert hdd.halo(P.blur, x, "repeat_edge") == {0: (1, 1), 1: (1, 1)}
+    # blur (rows -1..+1, columns 0..+2), pool 2x2 at stride 2, then blur of the pooled image
+    # (rows -2..+1, columns -1..+1): rows 2*(p-2)-1 .. 2*(p+1)+1+1, in the input
+    assert hdd.halo(P.blur_pool_blur, x) == {0: (5, 3), 1: (2, 4)}
+    assert hdd.halo(P.conv_valid, x, np.ones((3, 2))) == {0: (0, 2), 1: (0, 1)}
+    assert hdd.halo(P.conv_strided, x, np.ones((3, 3))) == {0: (1, 0), 1: (1, 0)}
+
+
+def test_a_pipeline_with_views_on_intermediate_buffers(rng):
+    x = rng.standard_normal((26, 22))
+    got = hdd.function(P.blur_pool_blur)(_chunked(x, (8, 6)))
+    assert got.chunks == ((4, 4, 4, 1), (3, 3, 3, 2))
+    np.testing.assert_array_equal(got.compute(scheduler="threads"), P.blur_pool_blur(x))
+
+
+def test_strides_realign_the_chunks_and_say_so(rng):
+    x = rng.standard_normal((21, 18)).astype("float32")
+    w = rng.standard_normal((3, 3)).astype("float32")
+    with pytest.warns(hd.HalideADWarning, match=r"axis 0 to chunks \(6, 6, 6, 3\).*stride 2"):
+        got = hdd.function(P.conv_strided)(_chunked(x, (5, 6)), w)
+    assert got.chunks == ((3, 3, 3, 2), (3, 3, 3))
+    np.testing.assert_array_equal(got.compute(), P.conv_strided(x, w))
+
+
+def test_weights_go_whole_to_every_task(rng):
+    x, w = rng.standard_normal((19, 15)), rng.standard_normal((4, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the chunks fit: no rechunking
+        got = hdd.function(P.conv_valid)(_chunked(x, (5, 4)), w)
+    weight_keys = [k for k in got.__dask_graph__() if isinstance(k, tuple) and str(k[0]).endswith("-w")]
+    assert len(weight_keys) == 1  # one copy of the weights in the graph, read by every task
+    assert got.chunks == ((5, 5, 5, 1), (4, 4, 4, 1))
+    np.testing.assert_array_equal(got.compute(), P.conv_valid(x, w))
+
+
+def test_an_output_chunk_that_would_be_empty_merges_and_says_so(rng):
+    x, w = rng.standard_normal((17, 8)), rng.standard_normal((4, 3))
+    with pytest.warns(hd.HalideADWarning,
+                      match=r"axis 0 to chunks \(5, 5, 7\): every output chunk must be non-empty"):
+        got = hdd.function(P.conv_valid)(_chunked(x, (5, 8)), w)
+    assert got.chunks == ((5, 5, 4), (6,))
+    np.testing.assert_array_equal(got.compute(), P.conv_valid(x, w))
+
+
+def test_an_output_longer_than_its_input(rng):
+    x, w = rng.standard_normal((11, 9)), rng.standard_normal((3, 2))
+    got = hdd.function(P.conv_full)(_chunked(x, (4, 3)), w)
+    assert got.chunks == ((4, 4, 5), (3, 3, 4))  # the last chunk holds the two extra rows
+    np.testing.assert_array_equal(got.compute(), P.conv_full(x, w))
+
+
+@pytest.mark.parametrize("shape, chunks", [((3, 4), (1, 2)), ((8, 4), (3, 4))])
+def test_a_mirror_wider_than_the_chunks_or_the_axis(shape, chunks, rng):
+    x = rng.standard_normal(shape)  # on an axis of 3, a reach of 3 reflects twice
+    got = hdd.function(P.wide_mirror)(_chunked(x, chunks)).compute()
+    np.testing.assert_array_equal(got, P.wide_mirror(x))
+
+
+def test_a_lookup_in_a_small_table_by_chunked_data(rng):
+    levels, table = rng.integers(-2, 12, (9, 8)), rng.standard_normal(10)
+    got = hdd.function(P.tone_curve)(_chunked(levels, (4, 3)), table)
+    np.testing.assert_array_equal(got.compute(), P.tone_curve(levels, table))
+    _, vjp_fn = hdd.vjp(P.tone_curve, _chunked(levels, (4, 3)), table)
+    ct = rng.standard_normal((9, 8))
+    none, g_table = vjp_fn(ct)
+    assert none is None  # integer data has no gradient
+    np.testing.assert_allclose(g_table.compute(), hd.vjp(P.tone_curve, levels, table)[1](ct)[1], rtol=1e-12)
+
+
+def test_a_convolution_whose_whole_array_takes_other_kernels(rng):
+    """The whole image's 16-channel convolution is big enough for the direct convolution kernels,
+    a 32x32 block's is not: the chunks agree to rounding (docs/dask.md)."""
+    x, w = rng.standard_normal((1, 16, 128, 128)), rng.standard_normal((16, 16, 3, 3))
+    got = hdd.function(P.conv_only)(_chunked(x, (1, 16, 32, 32)), w).compute()
+    np.testing.assert_allclose(got, P.conv_only(x, w), rtol=1e-12, atol=1e-12)
+
+
+def test_two_chunked_inputs_with_different_chunks(rng):
+    x, t = rng.standard_normal((12, 10)), rng.standard_normal((12, 10))
+    k = rng.standard_normal((3, 3))
+    got = hdd.function(P.deconv_loss)(_chunked(x, (5, 4)), k, _chunked(t, (3, 10)))
+    np.testing.assert_array_equal(got.compute(), P.deconv_loss(x, k, t))
