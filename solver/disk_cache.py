@@ -27,7 +27,8 @@ def _salt() -> str:
     from halide_ad.solver import z3_bridge
     source = hashlib.sha256()  # of all of halide_ad: solver results and generated code both depend on it
     for package in (halide_ad, runtime, sys.modules[__package__]):
-        for path in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(package.__file__)), "*.py"))):
+        folder = os.path.dirname(os.path.abspath(package.__file__))  # and its subpackages (runtime/schedule/)
+        for path in sorted(glob.glob(os.path.join(folder, "**", "*.py"), recursive=True)):
             with open(path, "rb") as fh:
                 source.update(fh.read())
     return f"{__version__}|{z3_bridge.Z3_VERSION}|{sys.version_info[:2]}|{source.hexdigest()}"
