@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 import math
-import os
 import re
 from dataclasses import dataclass, field, replace
 
@@ -19,10 +18,15 @@ from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Func, 
                           Reduce, Select, Var, INDEX_DTYPE, adjoint_name, argindex_name, dtype_of, is_float)
 from halide_ad.show import show, show_func
 from halide_ad.solver import Gather, GatherPiece
-from halide_ad.solver.affine import Affine, linear_form
+from halide_ad.solver.affine import Affine
 from halide_ad.solver.bounds import checked_at_run_time, interval, is_data_dependent
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.schedule import Split, interior, piece_exprs
+from halide_ad.runtime.schedule.accumulate import LANES, pairwise, split_accumulators, unit_stride
+from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
+from halide_ad.runtime import emit, lower
+from halide_ad.runtime.loops import Bound, Kind, Local
+from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import free_vars, simplify, substitute, walk
 
@@ -31,11 +35,19 @@ _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.
              "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
 # float32 math that vectorizes (runtime/vmath.py); float64 keeps numpy's, i.e. the C library's
 _VMATH = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf"}
+# Names the generated code uses for its own: a variable or buffer named so is renamed
+# (`Emitter.name`, `Emitter.buffer`).
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
-             "tap", "start", "stop",
+             "tap", "start", "stop", "range", "min", "max", "abs",
              "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
-# hoisted loads and indices, literals, tables, staged adjoints
-_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|col\d+(_block)?|(acc|red\d+)_lane\d")
+# hoisted loads and indices, literals, tables, staged adjoints, temporaries, entries and the
+# functions runtime/emit.py outlines
+_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_lane\d"
+                    r"|(forward|backward)\d*(_[bps]\d+)?")
+
+
+def _generated(name: str) -> bool:
+    return name in _RESERVED or _LOCAL.fullmatch(name) is not None
 
 
 @dataclass
@@ -54,17 +66,28 @@ class Emitter:
     # adjoints kept one plane at a time in a local array (see `_stage_depth`): buffer -> (the
     # leading dimensions the enclosing loops fix, the local's name)
     staged: dict[str, tuple[int, str]] = field(default_factory=dict)
+    buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)
 
     def name(self, v: Var) -> str:
         if v not in self.names:
-            clash = v.name in self.shapes or v.name in _RESERVED or _LOCAL.fullmatch(v.name)
+            clash = v.name in self.shapes or _generated(v.name)
             base = v.name + "_" if clash else v.name
-            taken = set(self.names.values())
+            taken = set(self.names.values()) | set(self.buffers.values())
             name, k = base, 1
-            while name in taken or name in self.shapes:
+            while name in taken or name in self.shapes or _generated(name):
                 name, k = f"{base}{k}", k + 1
             self.names[v] = name
         return self.names[v]
+
+    def buffer(self, name: str) -> str:
+        """The kernel's name for buffer `name`: its own, unless the generated code uses that name
+        (a parameter called `status` or `np`), then one with underscores added."""
+        if name not in self.buffers:
+            local, taken = name, set(self.buffers.values()) | set(self.names.values())
+            while _generated(local) or local in taken or local != name and local in self.shapes:
+                local += "_"
+            self.buffers[name] = local
+        return self.buffers[name]
 
     def const(self, value, dtype: str) -> str:
         if dtype == "bool":
@@ -86,8 +109,9 @@ class Emitter:
             depth, local = self.staged[buffer]
             return f"{local}[{', '.join(self.expr(e) for e in index[depth:])}]"
         self.used[buffer] = None
+        local = self.buffer(buffer)
         if not index:
-            return f"{buffer}[0]"
+            return f"{local}[0]"
         parts = []
         for d, e in enumerate(index):
             text = self.expr(e)
@@ -102,7 +126,7 @@ class Emitter:
             if not isinstance(e, Const):  # proved or checked >= 0: no wraparound (see vmath.nonneg)
                 text = f"nonneg({text})"
             parts.append(text)
-        return f"{buffer}[{', '.join(parts)}]"
+        return f"{local}[{', '.join(parts)}]"
 
     def expr(self, e: Expr) -> str:
         if self.hoisted and isinstance(e, (Load, Bin)) and e in self.hoisted:
@@ -160,6 +184,8 @@ class Emitter:
                 return f"({self.expr(t)} if {self.expr(c)} else {self.expr(f)})"
             case Cast(dtype, v):
                 return self.cast(self.expr(v), dtype)
+            case Local(name):
+                return name
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")
@@ -194,71 +220,13 @@ def reduce_init(r: Reduce, em: Emitter, dtype: str | None = None) -> str:
     dtype = dtype or dtype_of(r)
     if r.op in ("argmax", "argmin"):
         dtype = dtype_of(r.body)
-    init = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}.get(r.op, -math.inf if r.op == "argmax" else math.inf)
-    if not is_float(dtype) and dtype != "bool" and not isinstance(init, int):
-        import numpy as np
-        info = np.iinfo(dtype)
-        init = info.min if init < 0 else info.max
-    return em.const(init, dtype)
-
-
-LONG_SUM = 256  # terms from which a float32 sum or product accumulates in float64
-LANES = 8  # independent partial sums of a long reduction over a contiguous axis
-
-
-def accumulator_dtype(op: str, dtype: str, terms: int) -> str:
-    """float64 for a float32 sum or product of LONG_SUM terms or more. Each float32 add rounds
-    to the running total's precision: a sum of 16M squares came out 2% low. The result is
-    rounded to float32 once, at the store."""
-    return "float64" if op in ("sum", "prod") and dtype == "float32" and terms >= LONG_SUM else dtype
-
-
-def _terms(r: Reduce) -> int:
-    return math.prod(rv.hi - rv.lo for rv in r.rvars)
-
-
-def _unit_stride(e: Expr, v: Var) -> bool:
-    """Whether the last index of some load in `e` steps by one with `v`."""
-    return any(n.index and (form := linear_form(n.index[-1])) is not None and form[0].get(v) == 1
-               for n in walk(e) if isinstance(n, Load))
-
-
-def _lane_var(r: Reduce) -> Range | None:
-    """The innermost reduction variable, where the sum runs as LANES partial sums over it: it
-    walks a contiguous axis (so the lanes read one cache line) for at least two rounds. One
-    running total is a chain of dependent adds, each waiting for the last (~4 cycles); LANES of
-    them keep the adder busy. Deterministic: the split depends on the extent only. (A masked sum
-    keeps one total.)"""
-    rv = r.rvars[-1] if r.rvars else None
-    if (rv is None or r.op not in ("sum", "prod", "max", "min") or not is_float(dtype_of(r)) or r.where is not None
-            or rv.hi - rv.lo < 2 * LANES or not _unit_stride(r.body, rv.var)):
-        return None
-    return rv
+    return em.expr(lower.identity(r.op, dtype))
 
 
 def _emit_accumulation(w: Writer, em: Emitter, r: Reduce, acc: str) -> None:
     """`acc` = the sum or product `r`, in its accumulator's dtype (`accumulator_dtype`), or the
-    max or min `r` of a Func that keeps no argindex (numpy's NaN rule, `vmath.maximum`)."""
-    op = {"sum": "{} + {}", "prod": "{} * {}", "max": "vmath.maximum({}, {})", "min": "vmath.minimum({}, {})"}[r.op]
-    init = reduce_init(r, em, accumulator_dtype(r.op, dtype_of(r), _terms(r)))
-    lane = _lane_var(r)
-    lanes = [acc] + [f"{acc}_lane{q}" for q in range(1, LANES)] if lane is not None else [acc]
-    for name in lanes:
-        w.line(f"{name} = {init}")
-    depth = w.depth
-    _open_reduction(w, em, r.rvars if lane is None else r.rvars[:-1], r.where)
-    if lane is None:
-        w.line(f"{acc} = {op.format(acc, em.expr(r.body))}")
-    else:
-        v, whole = em.name(lane.var), lane.lo + (lane.hi - lane.lo) // LANES * LANES
-        _lane_rounds(w, em, lane.var, lane.lo, whole, r.body, lanes,
-                     lambda name, value: f"{name} = {op.format(name, value)}")
-        if whole < lane.hi:
-            with w.block(f"for {v} in range({whole}, {lane.hi}):"):
-                w.line(f"{acc} = {op.format(acc, em.expr(r.body))}")
-    w.depth = depth
-    if lane is not None:
-        w.line(f"{acc} = {_pairwise(lanes, op)}")
+    max or min `r` of a Func that keeps no argindex, in LANES lanes where they help."""
+    w.add(emit.resolve(split_accumulators(lower.accumulation(r, lower.accumulator(r, acc))), em))
 
 
 def _lane_rounds(w: Writer, em: Emitter, var: Var, lo: int, whole: int, body: Expr, lanes: list[str],
@@ -281,146 +249,30 @@ def _open_reduction(w: Writer, em: Emitter, rvars: tuple[Range, ...], where: Exp
         w.depth += 1
 
 
-def _pairwise(names: list[str], op: str) -> str:
-    """((a + b) + (c + d)) + ...: the lanes combined in a fixed tree. `op` is "+" or "*", or a
-    format with two places ("{} + {}")."""
-    form = op if "{}" in op else f"{{}} {op} {{}}"
-    while len(names) > 1:
-        names = [f"({form.format(a, b)})" for a, b in zip(names[::2], names[1::2])] + names[len(names) // 2 * 2:]
-    return names[0]
-
-
 def _is_power_of_two(k) -> bool:
     return isinstance(k, int) and not isinstance(k, bool) and k > 0 and k & (k - 1) == 0
 
 
-PARALLEL_MIN_POINTS = 1 << 17
-
-
-def _parallel_min_points() -> int:
-    """Below this many points a loop nest runs serially: threads cost more than they save there
-    (handing chunks to the pool and waiting for them takes ~50 us: x * w + x over 64K float32
-    took 70 us on two threads, 15 us on one). Set with HALIDE_AD_PARALLEL_MIN_POINTS (0: every
-    loop nest with more than one point is parallel)."""
-    return int(os.environ.get("HALIDE_AD_PARALLEL_MIN_POINTS", str(PARALLEL_MIN_POINTS)))
-
-
 def settings() -> tuple:
     """The environment settings that change generated code: keys of cached code include them."""
-    return (_parallel_min_points(),)
-
-
-def _parallel_dim(shape: tuple[int, ...], terms: float = 1) -> int | None:
-    """The dimension a loop nest over `shape` runs in parallel: the first with more than one point,
-    where the points times the `terms` each adds up (a reduction's) reach _parallel_min_points. A
-    batch norm's statistics are 64 points of 262144 terms each: they ran on one thread."""
-    if math.prod(shape) * terms < _parallel_min_points():
-        return None
-    return next((d for d, n in enumerate(shape) if n > 1), None)
+    return (parallel_min_points(),)
 
 
 def _loop_nest(w: Writer, em: Emitter, vars_, shape, terms: float = 1):
     """Open one loop per dimension (prange on `_parallel_dim`)."""
-    par = _parallel_dim(shape, terms)
+    par = parallel_dim(shape, terms)
     for d, (v, n) in enumerate(zip(vars_, shape, strict=True)):
-        _open_loop(w, em.name(v), f"0, {n}", d == par)
+        _open_loop(w, em.name(v), 0, n, d == par)
 
 
-def _open_loop(w: Writer, name: str, bounds: str, parallel: bool) -> None:
-    """numba may type a prange index as unsigned, and uint64 mixed with int64 gives float64:
-    rebind it as int64."""
-    if parallel:
-        w.line(f"for {name}_ in prange({bounds}):")
-        w.depth += 1
-        w.line(f"{name} = np.int64({name}_)")
-    else:
-        w.line(f"for {name} in range({bounds}):")
-        w.depth += 1
+def _open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> None:
+    w.loop(name, lo, hi, Kind.PARALLEL if parallel else Kind.SERIAL)
 
 
 def _function(em: Emitter, entry: str) -> str:
-    """The module text for `entry(<the buffers it uses>, status)`: its loop nests become numba
-    functions (`_outline`), and `entry` itself is the Python that calls them in order."""
-    names = [*em.used, "status"]
-    helpers, body = _outline(em.out.lines, entry, names)
-    literals = "".join(f"{name} = {text}\n" for text, name in em.literals.items())
-    return literals + "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(body) + "\n"
-
-
-_PRANGE = re.compile(r"^( *)for (\w+)_ in prange\((.*)\):$")
-_FOR = re.compile(r"^( *)for (\w+) in range\(")
-_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
-
-
-def _outline(lines: list[str], entry: str, names: list[str]) -> tuple[list[str], list[str]]:
-    """(helper sources, the entry's body). The body of each prange loop becomes a numba function
-    of the loop index, `entry_b<k>(j, ...)`, and `entry_p<k>(start, stop, ...)` calls it for the
-    iterations [start, stop): the entry hands both to `parallel_for` (runtime/parallel.py), which
-    calls the body from Python where each iteration is large. (With the loop inside the body's
-    own function, LLVM made the bilinear gradient ~20% slower.) The
-    statements between prange loops become serial functions `entry_s<k>(...)`. Loops that enclose
-    a prange (of extent 1: the parallel dimension is the first longer one) stay in the entry, as
-    Python."""
-    helpers: list[str] = []
-
-    def params(body: list[str], outer: list[str]) -> list[str]:
-        used = set(_NAME.findall("\n".join(body)))
-        return [v for v in outer if v in used] + [n for n in names if n in used]
-
-    def helper(kind: str, args: list[str], body: list[str], indent: int) -> str:
-        name = f"{entry}_{kind}{len(helpers)}"
-        helpers.append(f"@kernel\ndef {name}({', '.join(args)}):\n"
-                       + "".join(" " * 4 + line[indent:] + "\n" for line in body) + "\n\n")
-        return name
-
-    def level(lines: list[str], indent: int, outer: list[str]) -> list[str]:
-        out, serial = [], []
-
-        def flush() -> None:
-            if any(line.strip() and not line.strip().startswith("#") for line in serial):
-                args = params(serial, outer)
-                out.append(" " * indent + f"{helper('s', args, serial, indent)}({', '.join(args)})")
-            else:
-                out.extend(serial)
-            serial.clear()
-
-        for statement in _statements(lines, indent):
-            head = statement[0]
-            if head.strip() == "return None":  # the entry ends with its own
-                continue
-            if not any("prange(" in line for line in statement):
-                serial += statement
-                continue
-            flush()
-            if (match := _PRANGE.match(head)) is not None:
-                var, bounds = match.group(2), match.group(3)
-                body = statement[2:]  # [1] rebinds the index as int64: the parameter is one
-                args = params(body, outer)
-                iteration = helper("b", [var, *args], body, indent + 4)
-                name = helper("p", ["start", "stop", *args], [f"for {var} in range(start, stop):",
-                                                              f"    {iteration}({', '.join([var, *args])})"], 0)
-                out.append(" " * indent + f"parallel_for({name}, {bounds}{''.join(', ' + a for a in args)}, "
-                                          f"iteration={iteration})")
-            else:
-                loop = _FOR.match(head)
-                assert loop is not None, f"a prange inside a statement that is not a loop: {head!r}"
-                out.append(head)
-                out += level(statement[1:], indent + 4, outer + [loop.group(2)])
-        flush()
-        return out
-
-    return helpers, level(lines, 4, []) + ["    return None"]
-
-
-def _statements(lines: list[str], indent: int) -> list[list[str]]:
-    """`lines` cut into statements at `indent`: each a line and the deeper lines after it."""
-    statements: list[list[str]] = []
-    for line in lines:
-        if statements and (not line.strip() or len(line) - len(line.lstrip(" ")) > indent):
-            statements[-1].append(line)
-        else:
-            statements.append([line])
-    return statements
+    """The module text for `entry(<the buffers it uses>, status)`: runtime/emit.py outlines its
+    parallel loops."""
+    return emit.function(em, entry, em.out.tree(1))
 
 
 def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple[str, list[str], list[str]]:
@@ -437,15 +289,20 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
             _emit_row_reduction(w, em, f)
         elif (split := _pointwise_phases(f)) is not None:
             _emit_phased(w, em, f, split)
+        elif not isinstance(f.body, Reduce):
+            w.add(emit.resolve(choose_parallel(lower.pointwise(f)), em))
+        elif f.body.op in ("sum", "prod") or f.body.op in ("max", "min") and not f.keeps_argindex:
+            em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
+            nest = lower.reduction(f, lower.accumulator(f.body, "acc"))
+            w.add(emit.resolve(split_accumulators(choose_parallel(nest, lower.terms(f.body))), em))
         else:
-            _loop_nest(w, em, f.vars, f.shape, _terms(f.body) if isinstance(f.body, Reduce) else 1)
-            store = em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
-            if isinstance(f.body, Reduce):
-                _emit_reduction(w, em, f)
-            else:
-                w.line(f"{store} = {em.expr(f.body)}")
+            _loop_nest(w, em, f.vars, f.shape, lower.terms(f.body))
+            em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
+            _emit_extremum(w, em, f.body)
+            w.line(f"{em.index(f.name, f.vars, f.name)} = {'arg' if f.body.op in ('argmax', 'argmin') else 'acc'}")
+            if f.keeps_argindex:
+                w.line(f"{em.index(argindex_name(f.name), f.vars, f.name)} = arg")
         w.depth = depth
-    w.line("return None")
     return _function(em, entry), list(em.used), em.checks
 
 
@@ -483,18 +340,6 @@ def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
     _split_loop_nest(w, em, f.vars, f.shape, split, body, [_as_gather(f)], f.name)
 
 
-def _emit_reduction(w: Writer, em: Emitter, f: Func) -> None:
-    r: Reduce = f.body
-    result = "arg" if r.op in ("argmax", "argmin") else "acc"
-    if r.op in ("sum", "prod") or r.op in ("max", "min") and not f.keeps_argindex:
-        _emit_accumulation(w, em, r, "acc")
-    else:
-        _emit_extremum(w, em, r)
-    w.line(f"{em.index(f.name, f.vars, f.name)} = {result}")
-    if f.keeps_argindex:
-        w.line(f"{em.index(argindex_name(f.name), f.vars, f.name)} = arg")
-
-
 MAX_PARTS = 16  # partial results of a reduction to one point (`split_reduction`)
 
 
@@ -506,8 +351,8 @@ def split_reduction(f: Func, taken: set[str]) -> tuple[Func, Func] | None:
     the result does not depend on the thread count; float32 partials are float64."""
     r = f.body
     if (not isinstance(r, Reduce) or r.op not in ("sum", "prod") or not is_float(f.dtype)
-            or _parallel_dim(f.shape, _terms(r)) is not None
-            or math.prod(f.shape) * _terms(r) < _parallel_min_points()):
+            or parallel_dim(f.shape, lower.terms(r)) is not None
+            or math.prod(f.shape) * lower.terms(r) < parallel_min_points()):
         return None
     for k, rv in enumerate(r.rvars):
         extent = rv.hi - rv.lo
@@ -547,9 +392,9 @@ def _reduces_by_rows(f: Func) -> bool:
     r = f.body
     if not isinstance(r, Reduce) or r.op not in ("sum", "prod") or not f.vars or f.shape[-1] < 2:
         return False
-    par = _parallel_dim(f.shape, _terms(r))
+    par = parallel_dim(f.shape, lower.terms(r))
     rvars = {rv.var for rv in r.rvars}
-    return (par != len(f.vars) - 1 and _unit_stride(r.body, f.vars[-1])
+    return (par != len(f.vars) - 1 and unit_stride(r.body, f.vars[-1])
             and not any(n.index and free_vars(n.index[-1]) & rvars
                         for n in walk(r.body) if isinstance(n, Load)))
 
@@ -561,8 +406,8 @@ def _emit_row_reduction(w: Writer, em: Emitter, f: Func) -> None:
     (`accumulator_dtype`) is a row of its own; otherwise the output row accumulates in place."""
     r: Reduce = f.body
     op = {"sum": "+", "prod": "*"}[r.op]
-    dtype = accumulator_dtype(r.op, dtype_of(r), _terms(r))
-    par = _parallel_dim(f.shape, _terms(r))
+    dtype = accumulator_dtype(r.op, dtype_of(r), lower.terms(r))
+    par = parallel_dim(f.shape, lower.terms(r))
     k, n = em.name(f.vars[-1]), f.shape[-1]
     store = em.index(f.name, f.vars, f.name)
     row = None if dtype == f.dtype else w.temp("row")
@@ -590,7 +435,7 @@ def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str |
     if row is not None and par is None:
         w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
     for d, v in enumerate(vars_[:-1]):
-        _open_loop(w, em.name(v), f"0, {shape[d]}", d == par)
+        _open_loop(w, em.name(v), 0, shape[d], d == par)
         if row is not None and d == par:
             w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
 
@@ -657,7 +502,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             w.line(f"acc = {first}")
             for term in sums:
                 w.line(f"acc += {term}")
-            w.lines += guarded.lines
+            w.extend(guarded)
             w.line(f"{em.index(name, index, name)} = acc")
 
         if not opened and splits[k] is None and _gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
@@ -681,7 +526,6 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             if not isinstance(s, Gather):
                 _emit_scatter(w, em, s, name)
         k += 1
-    w.line("return None")
     return _function(em, entry), list(em.used), em.checks
 
 
@@ -713,9 +557,9 @@ def _stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> 
                  for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)]  # two passes need a plane
                 + [d for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)
                    for d in _cut_dims(p.new_vars, p.adjoint.shape, s)[:1]])
-    par = _parallel_dim(shape)
+    par = parallel_dim(shape)
     if (not depth or par is not None and par >= depth or producer.adjoint.shape[:depth] != shape[:depth]
-            or _parallel_dim(producer.adjoint.shape) != par or math.prod(producer.adjoint.shape[depth:]) > MAX_STAGE):
+            or parallel_dim(producer.adjoint.shape) != par or math.prod(producer.adjoint.shape[depth:]) > MAX_STAGE):
         return 0
     loads = [n for g in gathers[k + 1] for p in g.pieces for e in piece_exprs(p) for n in walk(e)
              if isinstance(n, Load) and n.buffer == name]
@@ -735,12 +579,12 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> 
     stage = w.temp("stage")  # unique in the kernel: two stages in one function may differ in type
     w.line(f"# {adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
            f"reading {name} one plane at a time from {stage}")
-    base, par = w.depth, _parallel_dim(shape)
+    base, par = w.depth, parallel_dim(shape)
     allocate = f"{stage} = np.empty({tuple(producer.adjoint.shape[depth:])}, np.{dtype})"
     if par is None:
         w.line(allocate)
     for d in range(depth):
-        _open_loop(w, em.name(consumer.new_vars[d]), f"0, {shape[d]}", d == par)
+        _open_loop(w, em.name(consumer.new_vars[d]), 0, shape[d], d == par)
         if d == par:  # one plane per thread
             w.line(allocate)
     for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True):
@@ -764,7 +608,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
     regions beside the box in its last dimension only run inside the box's loop, next to each
     row's interior. Each body is emitted once per region and once per phase. The loops over the
     first `opened` dimensions are open already; `terms` is the gathers' terms per point."""
-    par = _parallel_dim(shape, terms)
+    par = parallel_dim(shape, terms)
     dims = _cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
     depth = w.depth
@@ -793,13 +637,13 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         start, depth_ = (last if in_box_loop else first), w.depth
         for region, gs in chosen:
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-            parallel = not in_box_loop and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= _parallel_min_points()
+            parallel = not in_box_loop and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= parallel_min_points()
             for d in range(start, len(vars_)):
                 lo, hi = ranges[vars_[d]]
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
                     w.line(f"{em.name(vars_[d])} = {lo}")
                 else:
-                    _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par and parallel)
+                    _open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par and parallel)
             _hoist_loads(w, em, gs, ranges, written)
             body(gs)
             em.hoisted.clear()
@@ -838,14 +682,14 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         v = vars_[d]
         if d not in phased:
             lo, hi = box[v] if v in box else (0, shape[d] - 1)
-            _open_loop(w, em.name(v), f"{lo}, {hi + 1}", d == par)
+            _open_loop(w, em.name(v), lo, hi + 1, d == par)
             box_loops(d + 1, combo, at)
             w.depth -= 1
             return
         k = phased[d]
         stride, q = split.strides[k], split.phase_vars[k]
         lo, hi = box[v]
-        _open_loop(w, em.name(q), f"{lo // stride}, {(hi + 1) // stride}", d == par)
+        _open_loop(w, em.name(q), lo // stride, (hi + 1) // stride, d == par)
         if k == len(split.phased) - 1:  # the phases of one iteration share their loads
             _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
                          _box_ranges(vars_, shape, split), written)
@@ -859,7 +703,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
         if separable:
             for d in range(first, i):
                 lo, hi = box.get(vars_[d], (0, shape[d] - 1))
-                _open_loop(w, em.name(vars_[d]), f"{lo}, {hi + 1}", d == par)
+                _open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par)
             _emit_separable(w, em, split, vars_, shape, body)
         else:
             box_loops(first, (), {})
@@ -888,7 +732,7 @@ def _split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers,
                f"spans = {around}")
         w.line("for span in spans:")
         w.depth += 1
-        _open_loop(w, em.name(vars_[last]), "span[0], span[1]", False)
+        _open_loop(w, em.name(vars_[last]), "span[0]", "span[1]", False)
         _full_loops(w, em, vars_, shape, range(last + 1, len(vars_)), par, lambda: body(gathers))
         w.depth = level
     if not separable:
@@ -932,16 +776,16 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
 
     w.line(f"# separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first")
     w.line(f"{tmp} = np.empty(({mask + 1}, {hi_j - lo_j + 1}), np.{dtype})")
-    _open_loop(w, em.name(i), f"{lo_i}, {hi_i + 1}", False)
+    _open_loop(w, em.name(i), lo_i, hi_i + 1, False)
     first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
     start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
     if span > fresh:  # the first output row filters all its rows (one loop: numba compiles the body once)
         start = f"0 if {em.name(i)} == {lo_i} else {start}"
-    _open_loop(w, em.name(k), f"{start}, {stop}", False)
-    _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
+    _open_loop(w, em.name(k), start, stop, False)
+    _open_loop(w, em.name(j), lo_j, hi_j + 1, False)
     w.line(f"{tmp}[{em.name(k)} & {mask}, {column}] = {' + '.join(_weighted_sums(em, taps, dtype))}")
     w.depth -= 2
-    _open_loop(w, em.name(j), f"{lo_j}, {hi_j + 1}", False)
+    _open_loop(w, em.name(j), lo_j, hi_j + 1, False)
     ring_row = {r: em.expr(affine({i: sep.row_stride}, first + r - first_row)) for r, _ in sep.rows}
     body([], terms=[(f"{tmp}[{ring_row[r]} & {mask}, {column}]", weight) for r, weight in sep.rows],
          terms_dtype=dtype)
@@ -994,7 +838,7 @@ def _within(e: Expr, n: int, ranges) -> bool:
 def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
     """Open a loop over the whole extent of each of `dims`, run `inner`, and stay nested."""
     for d in dims:
-        _open_loop(w, em.name(vars_[d]), f"0, {shape[d]}", d == par)
+        _open_loop(w, em.name(vars_[d]), 0, shape[d], d == par)
     inner()
 
 
@@ -1066,7 +910,7 @@ def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
     w.line(f"for tap in range({count}[point]):")
     lead_text = [em.expr(e) for e in load.index[:lead]]
     rest = [f"{index}[point, tap, {k}]" for k in range(tail)]
-    w.line(f"    taps += {load.buffer}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
+    w.line(f"    taps += {em.buffer(load.buffer)}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
     em.used.setdefault(load.buffer, None)
     body([], terms=[("taps", 1.0)], terms_dtype=load.dtype)
 
@@ -1134,7 +978,7 @@ def _piece_lane(piece) -> Range | None:
     lo, hi = _constant(loop.lo), _constant(loop.hi)
     if lo is None or hi is None or hi - lo < 2 * LANES:
         return None
-    return loop if _unit_stride(piece.value, loop.var) else None
+    return loop if unit_stride(piece.value, loop.var) else None
 
 
 def _constant(e) -> int | None:
@@ -1151,7 +995,7 @@ def _emit_lanes(w: Writer, em: Emitter, piece, acc_dtype: str) -> None:
     for name in lanes:
         w.line(f"{name} = {em.const(0, acc_dtype)}")
     _lane_rounds(w, em, loop.var, lo, whole, piece.value, lanes, lambda name, value: f"{name} += {value}")
-    w.line(f"acc += {_pairwise(lanes, '+')}")
+    w.line(f"acc += {pairwise(lanes, '+')}")
     if whole < hi:
         with w.block(f"for {em.name(loop.var)} in range({whole}, {hi}):"):
             w.line(f"acc += {em.expr(piece.value)}")
@@ -1183,7 +1027,7 @@ def _gathers_by_rows(vars_, shape, gathers) -> bool:
     if any(isinstance(b, Expr) and last in free_vars(b) for p in windows for loop in p.loops
            for b in (loop.lo, loop.hi)):
         return False
-    return any(_unit_stride(p.value, last) for p in windows) and not any(
+    return any(unit_stride(p.value, last) for p in windows) and not any(
         n.index and free_vars(n.index[-1]) & {loop.var for loop in p.loops}
         for p in windows for n in walk(p.value) if isinstance(n, Load))
 
@@ -1204,10 +1048,10 @@ def _emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     blocks = _column_blocks(shape, terms)
     if blocks is None:
         acc = store if row is None else f"{row}[{k}]"
-        _open_rows(w, em, vars_, shape, _parallel_dim(shape[:-1], terms), row, dtype)
+        _open_rows(w, em, vars_, shape, parallel_dim(shape[:-1], terms), row, dtype)
     else:  # a 1-D adjoint (a gain's or a bias's): blocks of columns in parallel
         block, lo = -(-n // blocks), w.temp("col")
-        _open_loop(w, f"{lo}_block", f"0, {blocks}", True)
+        _open_loop(w, f"{lo}_block", 0, blocks, True)
         w.line(f"{lo} = {lo}_block * {block}")
         columns = f"{lo}, min({lo} + {block}, {n})"
         if row is not None:
@@ -1244,7 +1088,7 @@ def _column_blocks(shape: tuple[int, ...], terms: float) -> int | None:
     parallel; None for serial (short, or not 1-D: those run in parallel over their rows). Each
     column adds its terms in the same order either way, so the bits do not change. A layer
     norm's gain gradient (4096 rows of 1024) ran on one thread."""
-    if len(shape) != 1 or shape[0] < 2 * COLUMN_BLOCK or terms < _parallel_min_points():
+    if len(shape) != 1 or shape[0] < 2 * COLUMN_BLOCK or terms < parallel_min_points():
         return None
     return min(shape[0] // COLUMN_BLOCK, COLUMN_BLOCKS)
 
@@ -1263,7 +1107,7 @@ def _emit_scatter(w: Writer, em: Emitter, f, adj_name: str) -> None:
     depth = w.depth
     order = sorted(s.domain, key=lambda r: r.var != f.parallel)
     for r in order:
-        _open_loop(w, em.name(r.var), f"{r.lo}, {r.hi}", r.var == f.parallel)
+        _open_loop(w, em.name(r.var), r.lo, r.hi, r.var == f.parallel)
     if s.where is not None:
         w.line(f"if {em.expr(s.where)}:")
         w.depth += 1

@@ -20,7 +20,8 @@ Not covered: the dispatch and training-step call cases (the programs are the lay
 the rest of the test suite (slow on a shared machine; pass it with `--tests`).
 
 `--compare A B` lists the kernels that differ, by where they came from, each with a unified diff,
-and exits with status 1 if any differ. PYTHONHASHSEED is fixed so that two records of the same
+and exits with status 1 if any differ (`--ignore-line-numbers`: but for the line numbers in
+location comments, which move when a test file is edited). PYTHONHASHSEED is fixed so that two records of the same
 code agree.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import argparse
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -99,15 +101,20 @@ def load(folder: Path) -> dict[tuple[str, str, str], list[str]]:
     return kernels
 
 
-def _text(folder: Path, sha: str) -> str:
+_LINE = re.compile(r"(\.py):\d+(, in )")
+
+
+def _text(folder: Path, sha: str, lines: bool = True) -> str:
     """A recorded source, with the checkout it was recorded in (named in `(file:line)` comments)
-    as `<root>`, so that two checkouts' records compare."""
+    as `<root>`, so that two checkouts' records compare; without `lines`, without the comments'
+    line numbers (a test file edited above a program moves them)."""
     root = folder / "root.txt"
     text = (folder / f"{sha}.py").read_text()
-    return text.replace(root.read_text(), "<root>") if root.exists() else text
+    text = text.replace(root.read_text(), "<root>") if root.exists() else text
+    return text if lines else _LINE.sub(r"\1:N\2", text)
 
 
-def compare(a: Path, b: Path) -> int:
+def compare(a: Path, b: Path, lines: bool = True) -> int:
     """Print what differs between snapshots `a` and `b`; the number of kernels that do."""
     old, new = load(a), load(b)
     changed = 0
@@ -118,12 +125,12 @@ def compare(a: Path, b: Path) -> int:
             print(f"* {where}: {len(before)} kernel(s) before, {len(after)} after")
             changed += 1
         for x, y in zip(before, after):
-            if x == y or _text(a, x) == _text(b, y):
+            if x == y or _text(a, x, lines) == _text(b, y, lines):
                 continue
             changed += 1
             print(f"* {where}: {x} -> {y}")
             sys.stdout.writelines(difflib.unified_diff(
-                _text(a, x).splitlines(True), _text(b, y).splitlines(True), f"{a}/{x}.py", f"{b}/{y}.py"))
+                _text(a, x, lines).splitlines(True), _text(b, y, lines).splitlines(True), f"{a}/{x}.py", f"{b}/{y}.py"))
     total = sum(map(len, old.values()))
     print(f"{changed} of {total} kernels differ ({len(set(h for v in old.values() for h in v))} distinct before, "
           f"{len(set(h for v in new.values() for h in v))} after)")
@@ -133,11 +140,15 @@ def compare(a: Path, b: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_benchmarks"]:
-        (Path(os.environ["HALIDE_AD_KERNEL_SNAPSHOT"]) / "root.txt").write_text(str(ROOT))
+        folder = Path(os.environ["HALIDE_AD_KERNEL_SNAPSHOT"])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "root.txt").write_text(str(ROOT))
         _record_benchmarks()
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="compare two snapshots")
+    parser.add_argument("--ignore-line-numbers", action="store_true",
+                        help="compare location comments without their line numbers")
     parser.add_argument("command", nargs="?", choices=["record"])
     parser.add_argument("folder", nargs="?", type=Path)
     parser.add_argument("--tests", nargs="+", default=list(TESTS), help="pytest paths to run")
@@ -145,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-benchmarks", action="store_true")
     args = parser.parse_args(argv)
     if args.compare:
-        return 1 if compare(*args.compare) else 0
+        return 1 if compare(*args.compare, lines=not args.ignore_line_numbers) else 0
     if args.command != "record" or args.folder is None:
         parser.error("say `record FOLDER` or `--compare A B`")
     record(args.folder, [] if args.no_tests else args.tests, not args.no_benchmarks)

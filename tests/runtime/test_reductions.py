@@ -9,7 +9,8 @@ import pytest
 
 import halide_ad as hd
 from halide_ad import ops
-from halide_ad.runtime.codegen import LANES, LONG_SUM
+from halide_ad.runtime.lower import LONG_SUM
+from halide_ad.runtime.schedule.accumulate import LANES
 
 
 def _within_one_ulp(got, exact):

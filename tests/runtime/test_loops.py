@@ -1,0 +1,198 @@
+"""The loop-nest IR (runtime/loops.py), the writer that builds it and the emitter that prints it
+(runtime/emit.py): parallel loops outlined from nests, every loop kind, and a kernel namespace that
+no user name can break."""
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from halide_ad.ir import Bin, Const, Load, Op, Var
+from halide_ad.runtime import emit, lower
+from halide_ad.runtime.codegen import Emitter
+from halide_ad.runtime.loops import Accumulate, Block, For, If, Kind, Let, Local, Source, Store, block, loops, nest, walk
+from halide_ad.runtime.parallel import parallel_for
+from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
+from halide_ad.runtime.schedule.parallel import choose_parallel
+from halide_ad.runtime.writer import Writer
+
+i, j = Var("i"), Var("j")
+
+
+def _run(source: str, entry: str, *args):
+    """`entry` from `source`, run as plain Python (`kernel` and `parallel_for` as the runtime has them)."""
+    namespace = {"np": np, "kernel": lambda f: f, "parallel_for": parallel_for, "nonneg": lambda k: k}
+    exec(source, namespace)
+    return namespace[entry](*args)
+
+
+def test_walk_and_nest_see_every_statement():
+    store = Store("out", (i, j), Load("x", (i, j), "float64"))
+    body = nest([(i, 0, 3, Kind.PARALLEL), (j, 0, 4, Kind.SERIAL)], store)
+    assert [n.var for n in loops(body)] == [i, j]
+    assert store in list(walk(body)) and loops(body)[0].kind is Kind.PARALLEL
+    guarded = If(Bin(Op.LT, i, Const(2, "int64")), block(store), block(Let(j, Const(0, "int64"))))
+    assert sum(isinstance(n, (Store, Let)) for n in walk(guarded)) == 2
+    assert block(Block((store,)), store).body == (store, store)
+
+
+def test_a_parallel_loop_is_outlined_from_the_nest():
+    """The parallel loop's body becomes `entry_b*`, its range `entry_p*`, handed to parallel_for;
+    the serial statement before it a function of its own; the serial loop around it stays."""
+    em = Emitter({"x": (2, 3, 4), "out": (2, 3, 4)})
+    k = Var("k")
+    body = block(Store("out", (Const(0, "int64"), Const(0, "int64"), Const(0, "int64")), Const(7.0, "float64")),
+                 nest([(k, 0, 2, Kind.SERIAL), (i, 0, 3, Kind.PARALLEL), (j, 0, 4, Kind.SERIAL)],
+                      Store("out", (k, i, j), Bin(Op.MUL, Load("x", (k, i, j), "float64"), Const(2.0, "float64")))))
+    source = emit.function(em, "run", body)
+    assert "prange" not in source
+    assert "parallel_for(run_p2, 0, 3, k, out, x, iteration=run_b1)" in source  # (buffers in order of use)
+    assert "def run_b1(i, k, out, x):" in source and "def run_s0(out):" in source
+    x, out = np.arange(24.0).reshape(2, 3, 4), np.zeros((2, 3, 4))
+    _run(source, "run", out, x, np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, x * 2)  # (out[0, 0, 0] = 7 came first, then the loop)
+
+
+def test_reversed_and_unrolled_loops_run_their_iterations_in_order():
+    em = Emitter({"out": (5,)})
+    step = Store("out", (i,), Bin(Op.ADD, Load("out", (Bin(Op.ADD, i, Const(1, "int64")),), "float64"),
+                                  Const(1.0, "float64")))
+    backward = For(i, 0, 4, Kind.REVERSED, block(step))  # out[i] = out[i + 1] + 1, i = 3, 2, 1, 0
+    source = emit.function(em, "run", block(backward))
+    assert "range(3, -1, -1)" in source
+    out = np.zeros(5)
+    _run(source, "run", out, np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, [4, 3, 2, 1, 0])
+
+    em = Emitter({"out": (5,)})
+    source = emit.function(em, "run", block(For(i, 1, 4, Kind.UNROLLED, block(Store("out", (i,), Const(1.0, "float64"))))))
+    assert "for " not in source and "i = 3" in source
+    out = np.zeros(5)
+    _run(source, "run", out, np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, [0, 1, 1, 1, 0])
+
+
+def test_writer_builds_loops_and_nests_lines_under_them():
+    w = Writer()
+    w.line("# a comment")
+    w.loop("i", 0, 3, Kind.PARALLEL)
+    w.line("if i > 0:")
+    w.depth += 1
+    w.line("pass")
+    w.depth -= 2
+    w.line("done = 1")
+    tree = w.tree()
+    assert [type(s) for s in tree.body] == [Source, For, Source]
+    loop = tree.body[1]
+    assert loop.kind is Kind.PARALLEL and loop.body == Block((Source("if i > 0:", Block((Source("pass"),))),))
+
+
+# Parameters named like the names generated code uses for itself: the emitter renames them.
+@hd.func
+def _clashes_a(status, acc, vmath, nonneg):
+    r = hd.rdom(3)
+    return hd.compute((status.shape[0] - 2,), lambda t: hd.exp(hd.sum(status[t + r] * acc[r])) * vmath[t]
+                      + nonneg[t + 1] * 2.0, name="clash_a")
+
+
+@hd.func
+def _clashes_b(np, math, checked, kernel, f32_0, h0, range):
+    return hd.compute(np.shape, lambda t: hd.tanh(np[t] * math[t]) + checked[t] * kernel[t] + f32_0[t] * 0.5
+                      + h0[t] / (range[t] * range[t] + 1.0), name="clash_b")
+
+
+def _reference_a(s, a, v, n):
+    return np.exp(np.convolve(s, a[::-1], "valid")) * v[:-2] + n[1:-1] * 2
+
+
+def _reference_b(a, b, c, d, e, f, g):
+    return np.tanh(a * b) + c * d + e * 0.5 + f / (g * g + 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_parameters_named_like_generated_names_compute_and_differentiate(dtype, rng):
+    a = [rng.standard_normal(9).astype(dtype), rng.standard_normal(3).astype(dtype),
+         rng.standard_normal(9).astype(dtype), rng.standard_normal(9).astype(dtype)]
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(_clashes_a(*a), _reference_a(*a), rtol=tol, atol=tol)
+    b = [rng.standard_normal(7).astype(dtype) for _ in range(7)]
+    np.testing.assert_allclose(_clashes_b(*b), _reference_b(*b), rtol=tol, atol=tol)
+    if dtype == np.float64:
+        hd.check_grad(_clashes_a, *a)
+        hd.check_grad(_clashes_b, *b)
+
+
+def test_clashing_parameters_under_parallel_loops(rng, monkeypatch):
+    """Every loop nest parallel: the outlined functions take the renamed parameters too."""
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    b = [rng.standard_normal(7) for _ in range(7)]
+    clashes = hd.func(_clashes_b.fn)  # a trace of its own, compiled under the setting
+    np.testing.assert_allclose(clashes(*b), _reference_b(*b), rtol=1e-12)
+    hd.check_grad(clashes, *b)
+
+
+def _pointwise(shape):
+    from halide_ad.ir import Func
+    vars_ = tuple(Var(f"v{d}") for d in range(len(shape)))
+    return Func("out", vars_, shape, Bin(Op.ADD, Load("x", vars_, "float32"), Const(1.0, "float32")), "float32")
+
+
+def test_lower_pointwise_is_one_serial_loop_per_dimension():
+    f = _pointwise((2, 3))
+    s = lower.pointwise(f)
+    assert [(n.var, n.lo, n.hi, n.kind) for n in loops(s)] == [(f.vars[0], 0, 2, Kind.SERIAL), (f.vars[1], 0, 3, Kind.SERIAL)]
+    assert [n for n in walk(s) if isinstance(n, Store)] == [Store("out", f.vars, f.body)]
+
+
+def test_choose_parallel_marks_the_first_dimension_longer_than_one(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    kinds = [n.kind for n in loops(choose_parallel(lower.pointwise(_pointwise((1, 4, 5)))))]
+    assert kinds == [Kind.SERIAL, Kind.PARALLEL, Kind.SERIAL]
+    assert choose_parallel(lower.pointwise(_pointwise(()))) == lower.pointwise(_pointwise(()))
+
+
+def test_choose_parallel_leaves_small_nests_serial_unless_their_terms_add_up(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1000")
+    small = lower.pointwise(_pointwise((10, 10)))
+    assert all(n.kind is Kind.SERIAL for n in loops(choose_parallel(small)))
+    assert [n.kind for n in loops(choose_parallel(small, terms=10))] == [Kind.PARALLEL, Kind.SERIAL]
+
+
+def _row_sum(n: int, where=None):
+    """acc = sum over r < n of x[i, r] (in float32), stored in out[i]."""
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")
+    return Func("out", (i,), (3,), Reduce("sum", Load("x", (i, r), "float32"), (Range(r, 0, n),), where), "float32")
+
+
+def test_lower_reduction_accumulates_in_reduction_order_then_stores():
+    f = _row_sum(20)
+    s = lower.reduction(f, lower.accumulator(f.body, "acc"))
+    acc = Local("acc", "float32")
+    assert [n.var for n in loops(s)] == [i, Var("r")]
+    assert [n for n in walk(s) if isinstance(n, Accumulate)] == [Accumulate(acc, f.body.body, "sum")]
+    assert Let(acc, Const(0.0, "float32")) in walk(s) and Store("out", (i,), acc) in walk(s)
+    long = _row_sum(lower.LONG_SUM)
+    assert lower.accumulator(long.body, "acc").dtype == "float64"  # float32 partial sums round too often
+
+
+def test_split_accumulators_runs_a_long_contiguous_sum_in_lanes():
+    f = _row_sum(2 * LANES + 3)
+    s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
+    rounds, rest = [n for n in loops(s) if n.var == Var("r")]
+    assert (rounds.lo, rounds.hi, rounds.step) == (0, 2 * LANES, LANES) and (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
+    lanes = [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)]
+    assert lanes == ["acc"] + [f"acc_lane{q}" for q in range(1, LANES)]
+    assert [n.target.name for n in walk(rest) if isinstance(n, Accumulate)] == ["acc"]
+    assert sum(isinstance(n, Let) for n in walk(s)) == LANES  # each lane starts at the identity
+
+
+def test_split_accumulators_keeps_short_masked_and_strided_sums_whole():
+    short = _row_sum(2 * LANES - 1)
+    masked = _row_sum(4 * LANES, where=Bin(Op.LT, Var("r"), i))
+    for f in (short, masked):
+        s = lower.reduction(f, lower.accumulator(f.body, "acc"))
+        assert split_accumulators(s) == s
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")  # reads x[r, i]: a column, no cache line for the lanes to share
+    column = Func("out", (i,), (3,), Reduce("sum", Load("x", (r, i), "float32"), (Range(r, 0, 64),)), "float32")
+    s = lower.reduction(column, lower.accumulator(column.body, "acc"))
+    assert split_accumulators(s) == s
