@@ -8,14 +8,23 @@ that enclose a parallel one (of extent 1: the parallel dimension is the first lo
 the entry, as Python. With the loop inside the body's own function, LLVM made the bilinear
 gradient ~20% slower, hence the two functions per parallel loop.
 
-Expressions, names and buffers print through the code generator's `Emitter` (`em`), which owns the
-kernel's namespace: its `name` and `buffer` give every variable and buffer a name that no name of
-the generated code's own takes.
+Expressions, names and buffers print through the `Emitter` (`em`), which owns the kernel's
+namespace: its `name` and `buffer` give every variable and buffer a name that no name of the
+generated code's own takes (a parameter called `status` or `np` works).
 """
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Reduce, Select, Var, dtype_of,
+                          is_float)
+from halide_ad.runtime import lower
+from halide_ad.runtime.schedule.accumulate import split_accumulators
+from halide_ad.show import show
+from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
+from halide_ad.traverse import walk as walk_expr
 
 from halide_ad.runtime.loops import COMBINE, Accumulate, Block, Bound, For, If, Kind, Let, Local, Source, Stmt, Store, block, walk
 from halide_ad.runtime.writer import Writer
@@ -122,6 +131,8 @@ def resolve(s: Stmt, em) -> Stmt:
             return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
         case Accumulate(Local(name), value, op):
             return _with_inline(em, lambda: f"{name} = {COMBINE[op].format(name, em.expr(value))}")
+        case Accumulate(Load(buffer, index, _, loc), value, "sum"):  # (a Fallback's scatter)
+            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}")
         case Let(var, value):
             return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}")
         case If(cond, then, otherwise):
@@ -179,3 +190,193 @@ def _with_inline(em, line) -> Block:
         inline, em.out = em.out, saved
         saved._tmp = inline._tmp
     return block(inline.tree(), Source(text))
+
+
+_NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
+             "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
+             "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
+# float32 math that vectorizes (runtime/vmath.py); float64 keeps numpy's, i.e. the C library's
+_VMATH = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf"}
+# Names the generated code uses for its own: a variable or buffer named so is renamed
+# (`Emitter.name`, `Emitter.buffer`).
+_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
+             "tap", "start", "stop", "range", "min", "max", "abs",
+             "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
+# hoisted loads and indices, literals, tables, staged adjoints, temporaries, entries and the
+# functions runtime/emit.py outlines
+_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_lane\d"
+                    r"|(forward|backward)\d*(_[bps]\d+)?")
+
+
+def _generated(name: str) -> bool:
+    return name in _RESERVED or _LOCAL.fullmatch(name) is not None
+
+
+@dataclass
+class Emitter:
+    """Python text for expressions, with buffer shapes for 0-d buffers and run-time index checks."""
+    shapes: dict[str, tuple[int, ...]]
+    names: dict[Var, str] = field(default_factory=dict)
+    checks: list[str] = field(default_factory=list)  # each run-time index check's error, with {value}
+    out: Writer = field(default_factory=Writer)
+    used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
+    hoisted: dict[Expr, str] = field(default_factory=dict)  # loads and indices already held in a local
+    # float32 literals and constant tables, defined once at module level: numba freezes globals
+    # into constants, and typing an np.float32(...) call at every use made big kernels compile
+    # ~25% slower. Text -> name.
+    literals: dict[str, str] = field(default_factory=dict)
+    # adjoints kept one plane at a time in a local array (see `_stage_depth`): buffer -> (the
+    # leading dimensions the enclosing loops fix, the local's name)
+    staged: dict[str, tuple[int, str]] = field(default_factory=dict)
+    buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)
+
+    def name(self, v: Var) -> str:
+        if v not in self.names:
+            clash = v.name in self.shapes or _generated(v.name)
+            base = v.name + "_" if clash else v.name
+            taken = set(self.names.values()) | set(self.buffers.values())
+            name, k = base, 1
+            while name in taken or name in self.shapes or _generated(name):
+                name, k = f"{base}{k}", k + 1
+            self.names[v] = name
+        return self.names[v]
+
+    def buffer(self, name: str) -> str:
+        """The kernel's name for buffer `name`: its own, unless the generated code uses that name
+        (a parameter called `status` or `np`), then one with underscores added."""
+        if name not in self.buffers:
+            local, taken = name, set(self.buffers.values()) | set(self.names.values())
+            while _generated(local) or local in taken or local != name and local in self.shapes:
+                local += "_"
+            self.buffers[name] = local
+        return self.buffers[name]
+
+    def const(self, value, dtype: str) -> str:
+        if dtype == "bool":
+            return "True" if value else "False"
+        if not is_float(dtype):
+            return repr(int(value))
+        text = "np.inf" if value == math.inf else "-np.inf" if value == -math.inf else \
+            "np.nan" if value != value else repr(float(value))
+        if dtype != "float32":
+            return text
+        return self.literals.setdefault(f"np.float32({text})", f"f32_{len(self.literals)}")
+
+    def table(self, rows: list[list], dtype: str) -> str:
+        """A module-level constant array of these rows."""
+        return self.literals.setdefault(f"np.array({rows!r}, np.{dtype})", f"tab_{len(self.literals)}")
+
+    def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
+        if buffer in self.staged:
+            depth, local = self.staged[buffer]
+            return f"{local}[{', '.join(self.expr(e) for e in index[depth:])}]"
+        self.used[buffer] = None
+        local = self.buffer(buffer)
+        if not index:
+            return f"{local}[0]"
+        parts = []
+        for d, e in enumerate(index):
+            text = self.expr(e)
+            if checked_at_run_time(e):
+                kind, fix = (("a data-dependent index", "Clamp the index (hd.clamp) or fix the index data")
+                             if is_data_dependent(e) else
+                             ("an index z3 could not bound", "Read through a boundary view or shrink "
+                              "the output so that every read stays inside"))
+                self.checks.append(f"{kind} was {{value}}, outside dimension {d} of {buffer} "
+                                   f"(valid: 0..{self.shapes[buffer][d] - 1}), read at {loc_text}. {fix}.")
+                text = f"checked({text}, {self.shapes[buffer][d]}, status, {len(self.checks) - 1})"
+            if not isinstance(e, Const):  # proved or checked >= 0: no wraparound (see vmath.nonneg)
+                text = f"nonneg({text})"
+            parts.append(text)
+        return f"{local}[{', '.join(parts)}]"
+
+    def expr(self, e: Expr) -> str:
+        if self.hoisted and isinstance(e, (Load, Bin)) and e in self.hoisted:
+            return self.hoisted[e]
+        match e:
+            case Const(v, dtype):
+                return self.const(v, dtype)
+            case Var():
+                return self.name(e)
+            case Load(buffer, index, _, loc):
+                return self.index(buffer, index, str(loc) if loc else show(e))
+            case Bin(Op.MIN | Op.MAX as op, a, b):
+                # numpy's minimum/maximum propagate NaN from either side; the builtins do not
+                fn = op.value if not is_float(dtype_of(e)) else f"np.{op.value}imum"
+                return f"{fn}({self.expr(a)}, {self.expr(b)})"
+            case Bin(Op.FLOORDIV | Op.MOD as op, a, Const(k)) if _is_power_of_two(k) and not is_float(dtype_of(a)):
+                # floor division and mod by 2**n are a shift and a mask, also for negative ints
+                # (two's complement); numba's `//` tests the divisor and fixes the sign
+                x = self.expr(a)
+                return f"({x} >> {k.bit_length() - 1})" if op is Op.FLOORDIV else f"({x} & {k - 1})"
+            case Bin(Op.POW, a, Const(2)):
+                x = self.expr(a)
+                return f"({x} * {x})"
+            case Bin(Op.POW, a, Const(3 | 4 as k)) if is_float(dtype_of(a)):
+                x = self.expr(a)
+                return f"({' * '.join([x] * int(k))})"
+            case Bin(Op.POW, a, b) if dtype_of(e) == "float32":
+                return f"vmath.pow_f32({self.expr(a)}, {self.expr(b)})"
+            case Bin(Op.AND | Op.OR as op, a, b) if dtype_of(a) == "bool" and dtype_of(b) == "bool":
+                return f"({self.expr(a)} {'and' if op is Op.AND else 'or'} {self.expr(b)})"
+            case Bin(op, a, b):
+                return f"({self.expr(a)} {op.value} {self.expr(b)})"
+            case Call("neg", (a,)):
+                return f"(-{self.expr(a)})"
+            case Call(fn, (a,)) if fn in (RUN_TIME_CHECKED, "stop_gradient"):  # (Emitter.index checks)
+                return self.expr(a)
+            case Call("not", (a,)):
+                return f"(not {self.expr(a)})"
+            case Call("abs", (a,)):
+                return f"abs({self.expr(a)})"
+            case Call("rsqrt", (a,)):
+                return f"({self.const(1.0, dtype_of(e))} / np.sqrt({self.expr(a)}))"
+            case Call(fn, (a,)) if fn in _VMATH and dtype_of(e) == "float32":
+                return f"vmath.{fn}_f32({self.expr(a)})"
+            case Call("erf", (a,)):
+                return self.cast(f"math.erf({self.expr(a)})", dtype_of(e))
+            case Call("sigmoid", (a,)):
+                one = self.const(1.0, dtype_of(e))
+                return f"({one} / ({one} + np.exp(-{self.expr(a)})))"
+            case Call(fn, args) if fn in _NP_FUNCS:
+                return f"{_NP_FUNCS[fn]}({', '.join(self.expr(a) for a in args)})"
+            case Select(c, t, f) if self._speculable(t) and self._speculable(f):
+                return f"branchless({self.expr(c)}, {self.expr(t)}, {self.expr(f)})"
+            case Select(c, t, f):
+                return f"({self.expr(t)} if {self.expr(c)} else {self.expr(f)})"
+            case Cast(dtype, v):
+                return self.cast(self.expr(v), dtype)
+            case Local(name):
+                return name
+            case Reduce():
+                return self.reduce_inline(e)
+        raise NotImplementedError(f"no Python for {e!r}")
+
+    def _speculable(self, e: Expr) -> bool:
+        """Whether `e` may be computed where its select does not take it (`branchless`): no load
+        but those already read into variables (a guarded one may be out of range), no reduction,
+        no integer division or remainder by a variable (it may be zero)."""
+        for n in walk_expr(e):
+            if self.hoisted and n in self.hoisted:
+                continue
+            match n:
+                case Load() | Reduce():
+                    return False
+                case Bin(Op.FLOORDIV | Op.MOD, _, Const(k)) if k:
+                    continue
+                case Bin(Op.FLOORDIV | Op.MOD):
+                    return False
+        return True
+
+    def cast(self, text: str, dtype: str) -> str:
+        return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"
+
+    def reduce_inline(self, r: Reduce) -> str:
+        """Hoist a reduction out of an expression: its loop goes before the line that uses it."""
+        tmp = self.out.temp("red")
+        self.out.add(resolve(split_accumulators(lower.accumulation(r, lower.accumulator(r, tmp))), self))
+        return tmp
+
+
+def _is_power_of_two(k) -> bool:
+    return isinstance(k, int) and not isinstance(k, bool) and k > 0 and k & (k - 1) == 0

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from halide_ad.ir import Expr, Var
+from halide_ad.ir import Expr, Load, Var
 
 
 class Kind(Enum):
@@ -67,8 +67,8 @@ COMBINE = {"sum": "{} + {}", "prod": "{} * {}", "max": "vmath.maximum({}, {})", 
 @dataclass(frozen=True, slots=True)
 class Accumulate:
     """target = target <op> value, for op "sum", "prod", "max" or "min" (the max and min with
-    numpy's NaN rule, `vmath.maximum`)."""
-    target: Local
+    numpy's NaN rule, `vmath.maximum`); a Load target (an element of a buffer) takes sums only."""
+    target: Local | Load
     value: Expr
     op: str = "sum"
 

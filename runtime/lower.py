@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from halide_ad.ir import Const, Func, Reduce, dtype_of, is_float
-from halide_ad.runtime.loops import Accumulate, Block, If, Kind, Let, Local, Stmt, Store, block, nest
+from halide_ad.ir import INDEX_DTYPE, Const, Expr, Func, Load, Reduce, dtype_of, is_float
+from halide_ad.runtime.loops import Accumulate, Block, If, Kind, Let, Local, Source, Stmt, Store, block, nest
 
 LONG_SUM = 256  # terms from which a float32 sum or product accumulates in float64
 
@@ -58,3 +58,38 @@ def reduction(f: Func, acc: Local) -> Stmt:
     `acc` accumulates the reduction, then f[vars] = acc."""
     return nest([(v, 0, n, Kind.SERIAL) for v, n in zip(f.vars, f.shape, strict=True)],
                 block(accumulation(f.body, acc), Store(f.name, f.vars, acc)))
+
+
+def extremum(r: Reduce, position: Expr) -> Block:
+    """`acc` = the max or min `r` and `arg` = its `position` in reduction order (-1 if empty). The
+    first extremal element wins; a NaN wins over numbers, as in numpy."""
+    dtype = dtype_of(r.body) if r.op in ("argmax", "argmin") else dtype_of(r)
+    acc, arg, val = Local("acc", dtype), Local("arg", INDEX_DTYPE), Local("val", dtype_of(r.body))
+    better = ">" if r.op in ("max", "argmax") else "<"
+    take = Source(f"if arg < 0 or val {better} acc or (val != val and acc == acc):", block(Let(acc, val), Let(arg, position)))
+    step = block(Let(val, r.body), take)
+    loops = [(rv.var, rv.lo, rv.hi, Kind.SERIAL) for rv in r.rvars]
+    return block(Let(acc, identity(r.op, dtype)), Let(arg, Const(-1, INDEX_DTYPE)),
+                 nest(loops, step if r.where is None else If(r.where, step)))
+
+
+def extremum_func(f: Func, argindex: str | None, position: Expr) -> Stmt:
+    """The nest computing Func `f`, an argmax or argmin, or a max or min that keeps the position
+    of its extremum in buffer `argindex`."""
+    r = f.body
+    stores = [Store(f.name, f.vars, Local("arg", INDEX_DTYPE) if r.op in ("argmax", "argmin") else Local("acc", f.dtype))]
+    if argindex is not None:
+        stores.append(Store(argindex, f.vars, Local("arg", INDEX_DTYPE)))
+    return nest([(v, 0, n, Kind.SERIAL) for v, n in zip(f.vars, f.shape, strict=True)],
+                block(extremum(r, position), *stores))
+
+
+def scatter(fallback, adjoint: str, dtype: str) -> Stmt:
+    """A Fallback's scatter into buffer `adjoint` of `dtype`: loops over its domain, the variable
+    whose points write disjoint elements (`fallback.parallel`, from the solver) outermost and
+    parallel, adding the value where the scatter's `where` holds."""
+    s = fallback.scatter
+    order = sorted(s.domain, key=lambda r: r.var != fallback.parallel)
+    step = Accumulate(Load(adjoint, s.index, dtype, s.loc), s.value)
+    return nest([(r.var, r.lo, r.hi, Kind.PARALLEL if r.var == fallback.parallel else Kind.SERIAL) for r in order],
+                step if s.where is None else If(s.where, block(step)))

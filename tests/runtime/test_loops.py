@@ -7,7 +7,7 @@ import pytest
 import halide_ad as hd
 from halide_ad.ir import Bin, Const, Load, Op, Var
 from halide_ad.runtime import emit, lower
-from halide_ad.runtime.codegen import Emitter
+from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import Accumulate, Block, For, If, Kind, Let, Local, Source, Store, block, loops, nest, walk
 from halide_ad.runtime.parallel import parallel_for
 from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
@@ -196,3 +196,34 @@ def test_split_accumulators_keeps_short_masked_and_strided_sums_whole():
     column = Func("out", (i,), (3,), Reduce("sum", Load("x", (r, i), "float32"), (Range(r, 0, 64),)), "float32")
     s = lower.reduction(column, lower.accumulator(column.body, "acc"))
     assert split_accumulators(s) == s
+
+
+def test_lower_extremum_keeps_the_position_of_the_first_extremum():
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")
+    f = Func("out", (i,), (3,), Reduce("argmax", Load("x", (i, r), "float32"), (Range(r, 0, 5),)), "int64")
+    s = lower.extremum_func(f, None, r)
+    arg = Local("arg", "int64")
+    assert [n.var for n in loops(s)] == [i, r]
+    assert Store("out", (i,), arg) in walk(s) and Let(arg, r) in walk(s)
+    assert Let(Local("acc", "float32"), Const(-np.inf, "float32")) in walk(s)
+    kept = Func("m", (i,), (3,), Reduce("min", Load("x", (i, r), "int32"), (Range(r, 0, 5),)), "int32")
+    s = lower.extremum_func(kept, "m_argindex", r)
+    assert [n for n in walk(s) if isinstance(n, Store)] == [Store("m", (i,), Local("acc", "int32")),
+                                                            Store("m_argindex", (i,), arg)]
+    assert Let(Local("acc", "int32"), Const(np.iinfo(np.int32).max, "int32")) in walk(s)
+
+
+def test_lower_scatter_runs_the_solvers_parallel_variable_outermost():
+    from halide_ad.ir import Range, Scatter
+    from halide_ad.solver import Fallback
+    k = Var("k")
+    index = (Bin(Op.MOD, j, Const(4, "int64")), k)
+    s = Scatter("x", index, Load("adj_y", (j, k), "float64"), (Range(j, 0, 9), Range(k, 0, 5)),
+                Bin(Op.LT, k, Const(4, "int64")))
+    nest_ = lower.scatter(Fallback(s, "not injective in j", k), "adj_x", "float64")
+    assert [(n.var, n.kind) for n in loops(nest_)] == [(k, Kind.PARALLEL), (j, Kind.SERIAL)]
+    guard = [n for n in walk(nest_) if isinstance(n, If)]
+    assert len(guard) == 1 and guard[0].then.body == (Accumulate(Load("adj_x", index, "float64"), s.value),)
+    serial = lower.scatter(Fallback(s, "z3 timed out", None), "adj_x", "float64")
+    assert all(n.kind is Kind.SERIAL for n in loops(serial))
