@@ -26,6 +26,7 @@ from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.schedule import Split, interior, piece_exprs
 from halide_ad.runtime.schedule.accumulate import LANES, pairwise, split_accumulators, unit_stride
+from halide_ad.runtime.schedule.rows import interchange_rows
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
@@ -87,16 +88,14 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     for f in funcs:
         w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
         depth = w.depth
-        if _reduces_by_rows(f):
-            _emit_row_reduction(w, em, f)
-        elif (split := _pointwise_phases(f)) is not None:
+        if (split := _pointwise_phases(f)) is not None:
             _emit_phased(w, em, f, split)
         elif not isinstance(f.body, Reduce):
             w.add(emit.resolve(choose_parallel(lower.pointwise(f)), em))
         elif f.body.op in ("sum", "prod") or f.body.op in ("max", "min") and not f.keeps_argindex:
             em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
-            nest = lower.reduction(f, lower.accumulator(f.body, "acc"))
-            w.add(emit.resolve(split_accumulators(choose_parallel(nest, lower.terms(f.body))), em))
+            nest = choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")), lower.terms(f.body))
+            w.add(emit.resolve(split_accumulators(interchange_rows(nest, f.dtype, w.temp)), em))
         else:
             from halide_ad.ad import flat_index
             em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
@@ -183,50 +182,6 @@ def split_reduction(f: Func, taken: set[str]) -> tuple[Func, Func] | None:
                    Reduce(r.op, body, rvars, where, r.loc), wide, f.loc)
     combined = Reduce(r.op, Load(partial.name, (part, *f.vars), wide), (Range(part, 0, parts),), None, r.loc)
     return partial, replace(f, body=combined)
-
-
-def _reduces_by_rows(f: Func) -> bool:
-    """Whether the sum or product `f` runs with its last pure loop inside the reduction's loops
-    (`_emit_row_reduction`): that loop walks the reads' last axis, which no reduction variable
-    does, so the reduction would otherwise stride across rows for every element (a mean over
-    the channels of NCHW, 6x slower than numpy)."""
-    r = f.body
-    if not isinstance(r, Reduce) or r.op not in ("sum", "prod") or not f.vars or f.shape[-1] < 2:
-        return False
-    par = parallel_dim(f.shape, lower.terms(r))
-    rvars = {rv.var for rv in r.rvars}
-    return (par != len(f.vars) - 1 and unit_stride(r.body, f.vars[-1])
-            and not any(n.index and free_vars(n.index[-1]) & rvars
-                        for n in walk(r.body) if isinstance(n, Load)))
-
-
-def _emit_row_reduction(w: Writer, em: Emitter, f: Func) -> None:
-    """`f`'s rows reduced one at a time: for each row, the reduction's loops outside, the row's
-    loop inside, so every read walks memory in order. Each element still accumulates its terms in
-    reduction order, so the result is the same as one element at a time. A float64 accumulator
-    (`accumulator_dtype`) is a row of its own; otherwise the output row accumulates in place."""
-    r: Reduce = f.body
-    op = {"sum": "+", "prod": "*"}[r.op]
-    dtype = accumulator_dtype(r.op, dtype_of(r), lower.terms(r))
-    par = parallel_dim(f.shape, lower.terms(r))
-    k, n = em.name(f.vars[-1]), f.shape[-1]
-    store = em.index(f.name, f.vars, f.name)
-    row = None if dtype == f.dtype else w.temp("row")
-    acc = store if row is None else f"{row}[{k}]"
-    _open_rows(w, em, f.vars, f.shape, par, row, dtype)
-    with w.block(f"for {k} in range(0, {n}):"):
-        w.line(f"{acc} = {reduce_init(r, em, dtype)}")
-    depth = w.depth
-    _open_reduction(w, em, r.rvars, None)
-    with w.block(f"for {k} in range(0, {n}):"):
-        if r.where is not None:
-            w.line(f"if {em.expr(r.where)}:")
-            w.depth += 1
-        w.line(f"{acc} = {acc} {op} {em.expr(r.body)}")
-    w.depth = depth
-    if row is not None:
-        with w.block(f"for {k} in range(0, {n}):"):
-            w.line(f"{store} = {acc}")
 
 
 def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str | None, dtype: str) -> None:

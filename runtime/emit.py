@@ -26,7 +26,8 @@ from halide_ad.show import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import walk as walk_expr
 
-from halide_ad.runtime.loops import COMBINE, Accumulate, Block, Bound, For, If, Kind, Let, Local, Source, Stmt, Store, block, walk
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Element, For, If, Kind, Let, Local,
+                                     Source, Stmt, Store, block, walk)
 from halide_ad.runtime.writer import Writer
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
@@ -129,10 +130,15 @@ def resolve(s: Stmt, em) -> Stmt:
             return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em), step)
         case Store(buffer, index, value):
             return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
-        case Accumulate(Local(name), value, op):
-            return _with_inline(em, lambda: f"{name} = {COMBINE[op].format(name, em.expr(value))}")
-        case Accumulate(Load(buffer, index, _, loc), value, "sum"):  # (a Fallback's scatter)
+        case Accumulate(Load(buffer, index, _, loc), value, "sum", True):
             return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}")
+        case Accumulate(target, value, op, False):
+            def text():
+                name = em.expr(target)
+                return f"{name} = {COMBINE[op].format(name, em.expr(value))}"
+            return _with_inline(em, text)
+        case Allocate(array, shape, dtype):
+            return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
         case Let(var, value):
             return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}")
         case If(cond, then, otherwise):
@@ -348,6 +354,8 @@ class Emitter:
                 return self.cast(self.expr(v), dtype)
             case Local(name):
                 return name
+            case Element(array, index, _):
+                return f"{array}[{', '.join(self.expr(i) for i in index)}]"
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")

@@ -53,6 +53,15 @@ class Local(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Element(Expr):
+    """array[index]: an element of a local array (Allocate), indexed within its shape by the
+    loops that fill it (no check, no wraparound)."""
+    array: str
+    index: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
 class Store:
     """buffer[index] = value"""
     buffer: str
@@ -67,10 +76,12 @@ COMBINE = {"sum": "{} + {}", "prod": "{} * {}", "max": "vmath.maximum({}, {})", 
 @dataclass(frozen=True, slots=True)
 class Accumulate:
     """target = target <op> value, for op "sum", "prod", "max" or "min" (the max and min with
-    numpy's NaN rule, `vmath.maximum`); a Load target (an element of a buffer) takes sums only."""
-    target: Local | Load
+    numpy's NaN rule, `vmath.maximum`). `augmented`: written `target += value` (a sum into a
+    buffer's element, which a scatter may also have read: numba then reads it once)."""
+    target: Local | Element | Load
     value: Expr
     op: str = "sum"
+    augmented: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +94,16 @@ class If:
 @dataclass(frozen=True, slots=True)
 class Let:
     """var = value: a Var is named by the emitter."""
-    var: Var | Local
+    var: Var | Local | Element
     value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Allocate:
+    """array = an uninitialized local array of `shape` and `dtype` (a row of partial sums)."""
+    array: str
+    shape: tuple[int, ...]
+    dtype: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +114,7 @@ class Source:
     body: Block = Block()
 
 
-Stmt = Block | For | Store | Accumulate | If | Let | Source
+Stmt = Block | For | Store | Accumulate | If | Let | Allocate | Source
 
 
 def children(s: Stmt) -> tuple[Stmt, ...]:

@@ -90,6 +90,6 @@ def scatter(fallback, adjoint: str, dtype: str) -> Stmt:
     parallel, adding the value where the scatter's `where` holds."""
     s = fallback.scatter
     order = sorted(s.domain, key=lambda r: r.var != fallback.parallel)
-    step = Accumulate(Load(adjoint, s.index, dtype, s.loc), s.value)
+    step = Accumulate(Load(adjoint, s.index, dtype, s.loc), s.value, augmented=True)
     return nest([(r.var, r.lo, r.hi, Kind.PARALLEL if r.var == fallback.parallel else Kind.SERIAL) for r in order],
                 step if s.where is None else If(s.where, block(step)))

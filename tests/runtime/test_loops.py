@@ -8,10 +8,12 @@ import halide_ad as hd
 from halide_ad.ir import Bin, Const, Load, Op, Var
 from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import Accumulate, Block, For, If, Kind, Let, Local, Source, Store, block, loops, nest, walk
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, For, If, Kind, Let, Local, Source, Store, block,
+                                     loops, nest, walk)
 from halide_ad.runtime.parallel import parallel_for
 from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
 from halide_ad.runtime.schedule.parallel import choose_parallel
+from halide_ad.runtime.schedule.rows import interchange_rows
 from halide_ad.runtime.writer import Writer
 
 i, j = Var("i"), Var("j")
@@ -224,6 +226,49 @@ def test_lower_scatter_runs_the_solvers_parallel_variable_outermost():
     nest_ = lower.scatter(Fallback(s, "not injective in j", k), "adj_x", "float64")
     assert [(n.var, n.kind) for n in loops(nest_)] == [(k, Kind.PARALLEL), (j, Kind.SERIAL)]
     guard = [n for n in walk(nest_) if isinstance(n, If)]
-    assert len(guard) == 1 and guard[0].then.body == (Accumulate(Load("adj_x", index, "float64"), s.value),)
+    assert len(guard) == 1 and guard[0].then.body == (Accumulate(Load("adj_x", index, "float64"), s.value, augmented=True),)
     serial = lower.scatter(Fallback(s, "z3 timed out", None), "adj_x", "float64")
     assert all(n.kind is Kind.SERIAL for n in loops(serial))
+
+
+def _column_mean(rows: int, dtype: str = "float32"):
+    """out[j] = the sum over r of x[r, j]: every read walks memory with j."""
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")
+    return Func("out", (j,), (16,), Reduce("sum", Load("x", (r, j), dtype), (Range(r, 0, rows),)), dtype)
+
+
+def _rows(f, names=None):
+    names = names if names is not None else []
+    nest_ = choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")), lower.terms(f.body))
+    return interchange_rows(nest_, f.dtype, lambda base: names.append(base) or f"{base}{len(names)}")
+
+
+def test_interchange_rows_puts_the_row_loop_inside_the_reduction():
+    f = _column_mean(10)
+    s = _rows(f)
+    assert [n.var for n in loops(s)] == [j, Var("r"), j]  # the first j: each element starts at 0
+    (add,) = [n for n in walk(s) if isinstance(n, Accumulate)]
+    assert add.target == Load("out", (j,), "float32")  # in place: the accumulator is float32 too
+    assert not any(isinstance(n, (Let, Allocate)) for n in walk(s))
+
+
+def test_interchange_rows_accumulates_a_long_float32_sum_in_a_float64_row():
+    names = []
+    s = _rows(_column_mean(lower.LONG_SUM), names)
+    assert names == ["row"]
+    (allocate,) = [n for n in walk(s) if isinstance(n, Allocate)]
+    assert allocate == Allocate("row1", (16,), "float64")
+    (add,) = [n for n in walk(s) if isinstance(n, Accumulate)]
+    assert add.target == Element("row1", (j,), "float64")
+    assert Store("out", (j,), Element("row1", (j,), "float64")) in walk(s)
+
+
+def test_interchange_rows_leaves_row_sums_and_parallel_rows_alone(monkeypatch):
+    f = _row_sum(20)  # reads x[i, r]: the reduction walks the row already
+    s = choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")))
+    assert interchange_rows(s, f.dtype, lambda base: base) == s
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    g = _column_mean(10)  # j is the only dimension: it runs in parallel, so it stays outside
+    s = choose_parallel(lower.reduction(g, lower.accumulator(g.body, "acc")), lower.terms(g.body))
+    assert loops(s)[0].kind is Kind.PARALLEL and interchange_rows(s, g.dtype, lambda base: base) == s
