@@ -13,7 +13,6 @@ every parallel loop from the nest.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 import math
 from dataclasses import replace
 
@@ -25,12 +24,12 @@ from halide_ad.solver.affine import Affine
 from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.schedule import Split, interior, piece_exprs
-from halide_ad.runtime.schedule.accumulate import LANES, pairwise, split_accumulators, unit_stride
+from halide_ad.runtime.schedule.accumulate import split_accumulators, unit_stride
 from halide_ad.runtime.schedule.rows import interchange_rows
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import Bound, Kind
+from halide_ad.runtime.loops import Bound, Kind, Local, block
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import free_vars, simplify, substitute, walk
@@ -41,16 +40,6 @@ def reduce_init(r: Reduce, em: Emitter, dtype: str | None = None) -> str:
     if r.op in ("argmax", "argmin"):
         dtype = dtype_of(r.body)
     return em.expr(lower.identity(r.op, dtype))
-
-
-def _lane_rounds(w: Writer, em: Emitter, var: Var, lo: int, whole: int, body: Expr, lanes: list[str],
-                 update: Callable[[str, str], str]) -> None:
-    """`for var in range(lo, whole, LANES)`, lane q updated with `body` at var + q by the line
-    `update(lane, value)`: the rounds of a reduction split into LANES partial results."""
-    with w.block(f"for {em.name(var)} in range({lo}, {whole}, {LANES}):"):
-        for q, name in enumerate(lanes):
-            shifted = simplify(substitute(body, {var: Bin(Op.ADD, var, Const(q, INDEX_DTYPE))}))
-            w.line(update(name, em.expr(shifted)))
 
 
 def _open_reduction(w: Writer, em: Emitter, rvars: tuple[Range, ...], where: Expr | None) -> None:
@@ -678,7 +667,7 @@ def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float],
     these go into `like`, the constant summed per product of loads, which the caller emits once
     (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
     bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
-    every operation). A long innermost loop adds into LANES partial sums (`_piece_lane`)."""
+    every operation). A long innermost loop adds into LANES partial sums (`split_accumulators`)."""
     _describe(w, g)
     for piece in g.pieces:
         product = None if piece.loops or any(piece.guards) else factors(piece.value)
@@ -686,59 +675,9 @@ def _emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float],
             key = tuple(sorted(product[0], key=show))
             like[key] = like.get(key, 0.0) + product[1]
             continue
-        depth, lane = w.depth, _piece_lane(piece)
-        for level, guards in enumerate(piece.guards):
-            if level > 0:
-                loop = piece.loops[level - 1]
-                if piece.single and piece.single[level - 1]:  # at most one point: no loop
-                    w.line(f"{em.name(loop.var)} = {em.expr(loop.lo)}")
-                    w.line(f"if {em.name(loop.var)} < {em.expr(loop.hi)}:")
-                else:
-                    w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
-                w.depth += 1
-            if guards:
-                w.line(f"if {' and '.join(em.expr(c) for c in guards)}:")
-                w.depth += 1
-            if level == len(piece.loops) - 1 and lane is not None:
-                _emit_lanes(w, em, piece, acc_dtype)
-                break
-        else:
-            w.line(f"acc += {em.expr(piece.value)}")
-        w.depth = depth
-
-
-def _piece_lane(piece) -> Range | None:
-    """A piece's innermost loop, where it adds into LANES partial sums (`_lane_var`'s reasons):
-    constant bounds, at least two rounds, no guard inside it, reads stepping by one with it.
-    The adjoint of a sum over a row (softmax's, layer norm's) ran as one chain of dependent
-    float64 adds, 2-3x slower than the bandwidth allows."""
-    if not piece.loops or piece.guards[-1] or (piece.single and piece.single[-1]):
-        return None
-    loop = piece.loops[-1]
-    lo, hi = _constant(loop.lo), _constant(loop.hi)
-    if lo is None or hi is None or hi - lo < 2 * LANES:
-        return None
-    return loop if unit_stride(piece.value, loop.var) else None
-
-
-def _constant(e) -> int | None:
-    return e if isinstance(e, int) else e.value if isinstance(e, Const) else None
-
-
-def _emit_lanes(w: Writer, em: Emitter, piece, acc_dtype: str) -> None:
-    """`acc +=` the piece's innermost loop (`_piece_lane`), as LANES partial sums combined in a
-    fixed tree, then the loop's remainder: deterministic, the split depends on the extent only."""
-    loop = piece.loops[-1]
-    lo, hi = _constant(loop.lo), _constant(loop.hi)
-    whole = lo + (hi - lo) // LANES * LANES
-    lanes = [f"acc_lane{q}" for q in range(LANES)]
-    for name in lanes:
-        w.line(f"{name} = {em.const(0, acc_dtype)}")
-    _lane_rounds(w, em, loop.var, lo, whole, piece.value, lanes, lambda name, value: f"{name} += {value}")
-    w.line(f"acc += {pairwise(lanes, '+')}")
-    if whole < hi:
-        with w.block(f"for {em.name(loop.var)} in range({whole}, {hi}):"):
-            w.line(f"acc += {em.expr(piece.value)}")
+        # (a reduction inside the value is computed before the element's sums, outside its guards)
+        piece_nest = split_accumulators(block(lower.gather_piece(piece, Local("acc", acc_dtype))))
+        w.add(emit.resolve(piece_nest, em, here=False))
 
 
 def _gather_terms(gathers, shape: tuple[int, ...]) -> float:

@@ -115,36 +115,42 @@ def _cut(stmts: tuple[Stmt, ...], em) -> list:
     return out
 
 
-def resolve(s: Stmt, em) -> Stmt:
+def resolve(s: Stmt, em, here: bool = True) -> Stmt:
     """`s` with every expression printed, in order: For nodes with named variables and bounds as
     text, the other statements as Source lines. Printing names variables and buffers, numbers
     literals and run-time checks and lists the buffers used, so a nest is resolved where it
-    stands among the statements the code generator still writes as text."""
+    stands among the statements the code generator still writes as text. The loops of a
+    reduction inside an expression go before the line that reads it, or, without `here`, where
+    the code generator's Writer `em.out` stands (before the gather whose piece reads it, as
+    codegen.py placed them)."""
     match s:
         case Block(body):
-            return block(*(resolve(c, em) for c in body))
+            return block(*(resolve(c, em, here) for c in body))
         case Source(text, body):
-            return Source(text, resolve(body, em))
+            return Source(text, resolve(body, em, here))
         case For(var, lo, hi, kind, body, step):
             name = var if isinstance(var, str) else em.name(var)
-            return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em), step)
+            return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em, here), step)
         case Store(buffer, index, value):
-            return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
+            return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}", here)
         case Accumulate(Load(buffer, index, _, loc), value, "sum", True):
-            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}")
+            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}", here)
+        case Accumulate(target, value, "sum", True):
+            return _with_inline(em, lambda: f"{em.expr(target)} += {em.expr(value)}", here)
         case Accumulate(target, value, op, False):
             def text():
                 name = em.expr(target)
                 return f"{name} = {COMBINE[op].format(name, em.expr(value))}"
-            return _with_inline(em, text)
+            return _with_inline(em, text, here)
         case Allocate(array, shape, dtype):
             return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
         case Let(var, value):
-            return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}")
+            return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}", here)
         case If(cond, then, otherwise):
-            test = _with_inline(em, lambda: f"if {em.expr(cond)}:")
-            head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em)))
-            return head if otherwise is None else block(head, Source("else:", resolve(otherwise, em)))
+            conds = cond if isinstance(cond, tuple) else (cond,)
+            test = _with_inline(em, lambda: f"if {' and '.join(em.expr(c) for c in conds)}:", here)
+            head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em, here)))
+            return head if otherwise is None else block(head, Source("else:", resolve(otherwise, em, here)))
     raise TypeError(f"not a statement: {s!r}")
 
 
@@ -163,6 +169,8 @@ def _lines(s: Stmt, indent: int) -> list[str]:
             return [pad + text if text else ""] + _lines(body, indent + 1)
         case For(var, lo, hi, Kind.UNROLLED, body):
             return [line for k in range(int(lo), int(hi)) for line in [f"{pad}{var} = {k}", *_lines(body, indent)]]
+        case For(var, lo, hi, Kind.AT_MOST_ONCE, body):
+            return [f"{pad}{var} = {lo}", f"{pad}if {var} < {hi}:"] + _lines(body, indent + 1)
         case For(body=body):
             return [pad + _header(s)] + _lines(body, indent + 1)
     raise TypeError(f"not resolved: {s!r}")
@@ -185,9 +193,12 @@ def _bound(b: Bound, em) -> str:
     return b if isinstance(b, str) else str(b) if isinstance(b, int) else em.expr(b)
 
 
-def _with_inline(em, line) -> Block:
+def _with_inline(em, line, here: bool = True) -> Block:
     """`line()`'s text as a Source line, after the loops of the reductions it computes inline (the
-    Emitter writes those to `em.out` while it prints the expression)."""
+    Emitter writes those to `em.out` while it prints the expression), or, without `here`, with
+    those loops left in `em.out`."""
+    if not here:
+        return block(Source(line()))
     saved, em.out = em.out, Writer()
     em.out._tmp = saved._tmp  # temporaries stay unique in the kernel
     try:

@@ -21,6 +21,7 @@ class Kind(Enum):
     PARALLEL = "parallel"  # iterations independent: emit.py hands the body to parallel_for
     REVERSED = "reversed"  # hi - 1 down to lo
     UNROLLED = "unrolled"  # constant bounds: one copy of the body per iteration
+    AT_MOST_ONCE = "at most once"  # proved to run zero times or once: `var = lo`, then a test
 
 
 Bound = Expr | int | str  # a str is Python text, for bounds not yet lowered (`span[0]`)
@@ -86,7 +87,8 @@ class Accumulate:
 
 @dataclass(frozen=True, slots=True)
 class If:
-    cond: Expr
+    """`then` where `cond` holds, or all of a tuple of conditions."""
+    cond: Expr | tuple[Expr, ...]
     then: Block
     otherwise: Block | None = None
 

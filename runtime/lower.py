@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from halide_ad.ir import INDEX_DTYPE, Const, Expr, Func, Load, Reduce, dtype_of, is_float
-from halide_ad.runtime.loops import Accumulate, Block, If, Kind, Let, Local, Source, Stmt, Store, block, nest
+from halide_ad.runtime.loops import Accumulate, Block, For, If, Kind, Let, Local, Source, Stmt, Store, block, nest
 
 LONG_SUM = 256  # terms from which a float32 sum or product accumulates in float64
 
@@ -93,3 +93,16 @@ def scatter(fallback, adjoint: str, dtype: str) -> Stmt:
     step = Accumulate(Load(adjoint, s.index, dtype, s.loc), s.value, augmented=True)
     return nest([(r.var, r.lo, r.hi, Kind.PARALLEL if r.var == fallback.parallel else Kind.SERIAL) for r in order],
                 step if s.where is None else If(s.where, block(step)))
+
+
+def gather_piece(piece, acc: Local) -> Stmt:
+    """`acc +=` a GatherPiece's value over its loops: its level-0 guards outside them, level k's
+    inside loop k; a loop the solver proved to run at most once (`piece.single`) is a test."""
+    s: Stmt = Accumulate(acc, piece.value, augmented=True)
+    for level in reversed(range(len(piece.guards))):
+        if piece.guards[level]:
+            s = If(tuple(piece.guards[level]), block(s))
+        if level > 0:
+            loop, once = piece.loops[level - 1], piece.single and piece.single[level - 1]
+            s = For(loop.var, loop.lo, loop.hi, Kind.AT_MOST_ONCE if once else Kind.SERIAL, block(s))
+    return s

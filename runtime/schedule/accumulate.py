@@ -31,31 +31,38 @@ def pairwise(names: list[str], op: str) -> str:
     return names[0]
 
 
-def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], op: str) -> For:
+def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], op: str,
+                augmented: bool = False) -> For:
     """`for var in range(lo, whole, LANES)`, lane q accumulating `body` at var + q."""
     return For(var, lo, whole, Kind.SERIAL, Block(tuple(
-        Accumulate(lane, simplify(substitute(body, {var: Bin(Op.ADD, var, Const(q, INDEX_DTYPE))})), op)
+        Accumulate(lane, simplify(substitute(body, {var: Bin(Op.ADD, var, Const(q, INDEX_DTYPE))})), op, augmented)
         for q, lane in enumerate(lanes))), LANES)
 
 
 def split_accumulators(s: Stmt) -> Stmt:
-    """`s` with each accumulation `acc = identity; for ...: for v: acc = acc <op> term` whose
-    innermost loop qualifies (`_lane_loop`) run as LANES lanes over that loop, `acc` the first,
-    the loop's remainder added to `acc`, and the lanes combined after the loops."""
+    """`s` with each accumulation that runs better in lanes split into LANES of them:
+
+    * `acc = identity; for ...: for v: acc = acc <op> term` (a reduction) whose innermost loop
+      qualifies (`_lane_loop`) runs its rounds in lanes, `acc` the first, the loop's remainder
+      added to `acc`, and the lanes combined after the loops;
+    * `for v: acc += term` (a gather's window) the same, its lanes starting at zero and added
+      to `acc` after the rounds, then the remainder."""
     match s:
         case Block(body):
             out: list[Stmt] = []
             k = 0
             while k < len(body):
-                split = None
-                if isinstance(body[k], Let) and isinstance(body[k].var, Local) and k + 1 < len(body):
-                    split = _split(body[k], body[k + 1])
-                if split is None:
-                    out.append(split_accumulators(body[k]))
-                    k += 1
-                else:
+                stmt = body[k]
+                if (isinstance(stmt, Let) and isinstance(stmt.var, Local) and k + 1 < len(body)
+                        and (split := _split(stmt, body[k + 1])) is not None):
                     out.extend(split)
                     k += 2
+                elif isinstance(stmt, For) and (split := _split_window(stmt)) is not None:
+                    out.extend(split)
+                    k += 1
+                else:
+                    out.append(split_accumulators(stmt))
+                    k += 1
             return Block(tuple(out))
         case For(body=body) | Source(body=body):
             return replace(s, body=split_accumulators(body))
@@ -71,7 +78,8 @@ def _split(init: Let, loops: Stmt) -> tuple[Stmt, ...] | None:
         chain.append(loops)
         inner = loops.body.body
         loops = inner[0] if len(inner) == 1 else None
-    if not chain or not isinstance(loops, Accumulate) or loops.target != acc or not _lane_loop(chain[-1], loops, acc):
+    if (not chain or not isinstance(loops, Accumulate) or loops.target != acc or loops.augmented
+            or not _lane_loop(chain[-1], loops, acc)):
         return None
     last, step = chain[-1], loops
     whole = last.lo + (last.hi - last.lo) // LANES * LANES
@@ -84,6 +92,30 @@ def _split(init: Let, loops: Stmt) -> tuple[Stmt, ...] | None:
         nest = replace(loop, body=block(nest))
     combine = Source(f"{acc.name} = {pairwise([lane.name for lane in lanes], COMBINE[step.op])}")
     return (init, *(Let(lane, init.value) for lane in lanes[1:]), *block(nest).body, combine)
+
+
+def _split_window(loop: For) -> tuple[Stmt, ...] | None:
+    inner = loop.body.body
+    if (loop.kind is not Kind.SERIAL or loop.step != 1 or len(inner) != 1 or not isinstance(inner[0], Accumulate)
+            or not inner[0].augmented):
+        return None
+    step, acc = inner[0], inner[0].target
+    lo, hi = _constant(loop.lo), _constant(loop.hi)
+    if lo is None or hi is None or not isinstance(acc, Local):
+        return None
+    loop = replace(loop, lo=lo, hi=hi)
+    if not _lane_loop(loop, step, acc):
+        return None
+    whole = lo + (hi - lo) // LANES * LANES
+    lanes = [Local(f"{acc.name}_lane{q}", acc.dtype) for q in range(LANES)]
+    rounds = lane_rounds(loop.var, lo, whole, step.value, lanes, step.op, augmented=True)
+    combined = Source(f"{acc.name} += {pairwise([lane.name for lane in lanes], '+')}")
+    rest = (For(loop.var, whole, hi, Kind.SERIAL, block(step)),) if whole < hi else ()
+    return (*(Let(lane, Const(0, acc.dtype)) for lane in lanes), rounds, combined, *rest)
+
+
+def _constant(e) -> int | None:
+    return e if isinstance(e, int) else e.value if isinstance(e, Const) else None
 
 
 def _lane_loop(loop: For, step: Accumulate, acc: Local) -> bool:

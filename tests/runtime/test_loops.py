@@ -272,3 +272,35 @@ def test_interchange_rows_leaves_row_sums_and_parallel_rows_alone(monkeypatch):
     g = _column_mean(10)  # j is the only dimension: it runs in parallel, so it stays outside
     s = choose_parallel(lower.reduction(g, lower.accumulator(g.body, "acc")), lower.terms(g.body))
     assert loops(s)[0].kind is Kind.PARALLEL and interchange_rows(s, g.dtype, lambda base: base) == s
+
+
+def _window(lo: int, hi: int, guards=((), ()), single=None):
+    """acc += y[j, r] over lo <= r < hi: one piece of a gather."""
+    from halide_ad.ir import Range
+    from halide_ad.solver import GatherPiece
+    r = Var("r")
+    return GatherPiece((Range(r, Const(lo, "int64"), Const(hi, "int64")),), guards,
+                       Load("y", (j, r), "float64"), (), single or ())
+
+
+def test_lower_gather_piece_puts_each_level_of_guards_inside_its_loop():
+    outer, inner = Bin(Op.GE, j, Const(1, "int64")), Bin(Op.LT, Var("r"), j)
+    s = lower.gather_piece(_window(0, 4, ((outer,), (inner,))), Local("acc", "float64"))
+    assert isinstance(s, If) and s.cond == (outer,)
+    (loop,) = loops(s)
+    assert loop.kind is Kind.SERIAL and isinstance(loop.body.body[0], If) and loop.body.body[0].cond == (inner,)
+    once = lower.gather_piece(_window(0, 4, single=(True,)), Local("acc", "float64"))
+    assert once.kind is Kind.AT_MOST_ONCE
+
+
+def test_split_accumulators_runs_a_long_window_in_lanes_added_to_acc():
+    acc = Local("acc", "float64")
+    s = split_accumulators(block(lower.gather_piece(_window(0, 2 * LANES + 1), acc)))
+    rounds, rest = loops(s)
+    assert (rounds.step, rounds.hi, rest.lo, rest.hi) == (LANES, 2 * LANES, 2 * LANES, 2 * LANES + 1)
+    assert [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)] == [f"acc_lane{q}" for q in range(LANES)]
+    assert any(isinstance(n, Source) and n.text.startswith("acc += (((acc_lane0 + acc_lane1)") for n in walk(s))
+    guarded = block(lower.gather_piece(_window(0, 4 * LANES, ((), (Bin(Op.LT, Var("r"), j),))), acc))
+    assert split_accumulators(guarded) == guarded  # a guard inside the window keeps one total
+    once = block(lower.gather_piece(_window(0, 4 * LANES, single=(True,)), acc))
+    assert split_accumulators(once) == once
