@@ -4,8 +4,10 @@
 them, and `runtime/emit.py` prints them as the Python that numba compiles, outlining each parallel
 loop into the functions `parallel_for` runs. Values, indices and conditions are `halide_ad.ir`
 expressions. A `Source` node is a line of hand-written Python for what has no node of its own yet:
-the parts of `runtime/codegen.py` not lowered to this IR write their statements as such lines,
-with the loops around them as `For` nodes.
+the gather loop nests of runtime/gathers.py (not lowered to this IR yet) write their statements as
+such lines, with the loops around them as `For` nodes; lowered nests use two, named where they
+are made: the lanes' combination (`split_accumulators`) and the NaN rule of an extremum's test
+(`lower.extremum`).
 """
 from __future__ import annotations
 
