@@ -304,3 +304,25 @@ def test_split_accumulators_runs_a_long_window_in_lanes_added_to_acc():
     assert split_accumulators(guarded) == guarded  # a guard inside the window keeps one total
     once = block(lower.gather_piece(_window(0, 4 * LANES, single=(True,)), acc))
     assert split_accumulators(once) == once
+
+
+@hd.func
+def _stages_named_like_locals(x):
+    """Funcs named like the loads a gradient's boundary regions hoist (h0) and like a float32
+    literal (f32_0): the hoisted `h0 = h0[1]` overwrote the buffer."""
+    c = hd.repeat_edge(x)
+    h = hd.compute(x.shape, lambda t: c[t - 1] * 0.25 + c[t] * 0.5 + c[t + 1] * 0.25, name="h0")
+    e = hd.repeat_edge(h)
+    return hd.compute(x.shape, lambda t: e[t - 1] * e[t] + e[t + 1] * e[t + 1], name="f32_0")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_funcs_named_like_generated_locals(dtype):
+    x = np.linspace(-1, 1, 37).astype(dtype)
+    xp = np.pad(x.astype(np.float64), 1, mode="edge")
+    h = 0.25 * xp[:-2] + 0.5 * xp[1:-1] + 0.25 * xp[2:]
+    hp = np.pad(h, 1, mode="edge")
+    np.testing.assert_allclose(_stages_named_like_locals(x), hp[:-2] * hp[1:-1] + hp[2:] ** 2,
+                               rtol=1e-5 if dtype == np.float32 else 1e-12)
+    if dtype == np.float64:
+        hd.check_grad(_stages_named_like_locals, x)
