@@ -14,6 +14,8 @@ running process (the compiled kernels key on the settings that shape them).
 | HALIDE_AD_POOL_BYTES | 2**30 | bytes of freed buffers kept for reuse (read at import) |
 | HALIDE_AD_Z3_TIMEOUT_MS | 2000 | z3's time limit per query (read at import) |
 | HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, `source` |
+| HALIDE_AD_KERNEL_SNAPSHOT | (none) | a folder that keeps every generated kernel's source (tools/kernel_snapshot.py) |
+| HALIDE_AD_SNAPSHOT_CONTEXT | (the running test) | what the snapshot's index says generated each kernel |
 | HALIDE_AD_SKIP | (none) | optional passes to leave out, comma-separated: `route` (engines), `inline` (adjoints), `fuse` (forward) |
 """
 from __future__ import annotations
@@ -69,6 +71,14 @@ def z3_timeout_ms() -> int:
 
 def dumped(stage: str) -> bool:
     return stage in os.environ.get("HALIDE_AD_DUMP", "").split(",")
+
+
+def kernel_snapshot() -> str | None:
+    return os.environ.get("HALIDE_AD_KERNEL_SNAPSHOT") or None
+
+
+def snapshot_context() -> str | None:
+    return os.environ.get("HALIDE_AD_SNAPSHOT_CONTEXT") or None
 
 
 def skipped(name: str) -> bool:

@@ -74,9 +74,26 @@ def interpret_kernel(source: str, entry: str, title: str):
     return namespace[entry]
 
 
+def record_source(source: str, entry: str, title: str) -> None:
+    """With HALIDE_AD_KERNEL_SNAPSHOT=<folder>, keep `source` in `<folder>/<sha256>.py` and a line
+    naming it in `<folder>/index.jsonl`: the record that tools/kernel_snapshot.py compares."""
+    folder = config.kernel_snapshot()
+    if not folder:
+        return
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    context = config.snapshot_context() or os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    with _lock:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{digest}.py"), "w") as fh:
+            fh.write(source)
+        with open(os.path.join(folder, "index.jsonl"), "a") as fh:
+            fh.write(json.dumps({"context": context, "title": title, "entry": entry, "sha": digest}) + "\n")
+
+
 def compile_kernel(source: str, entry: str, title: str):
     """`entry` defined in `source`, with the numba functions it calls compiled on first call, then
     cached on disk, where a corrupted or stale entry is detected and rebuilt."""
+    record_source(source, entry, title)
     if not config.jit_enabled():
         return interpret_kernel(source, entry, title)
     text = HEADER.format(title=title) + source

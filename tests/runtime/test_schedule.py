@@ -239,7 +239,7 @@ def test_shared_indices_and_equal_weights_are_computed_once(dtype):
 ])
 def test_regions_tile_the_points_outside_the_box(box, extents):
     from halide_ad.ir import Var
-    from halide_ad.runtime.schedule import _regions
+    from halide_ad.runtime.schedule.boundary import _regions
     box = {Var(v): b for v, b in box.items()}
     extents = {Var(v): n for v, n in extents.items()}
     count = np.zeros(tuple(extents.values()), dtype=int)

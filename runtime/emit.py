@@ -1,0 +1,401 @@
+"""Loop nests (runtime/loops.py) -> the Python source that numba compiles.
+
+`function` prints a kernel's nest as one module: each parallel For becomes a numba function of its
+loop index, `entry_b<k>(j, ...)`, and one that runs the iterations [start, stop),
+`entry_p<k>(start, stop, ...)`, which the entry hands to `parallel_for` (runtime/parallel.py); the
+statements between parallel loops become serial numba functions `entry_s<k>(...)`; serial loops
+that enclose a parallel one (of extent 1: the parallel dimension is the first longer one) stay in
+the entry, as Python. With the loop inside the body's own function, LLVM made the bilinear
+gradient ~20% slower, hence the two functions per parallel loop.
+
+Expressions, names and buffers print through the `Emitter` (`em`), which owns the kernel's
+namespace: its `name` and `buffer` give every variable and buffer a name that no name of the
+generated code's own takes (a parameter called `status` or `np` works).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Reduce, Select, Var, dtype_of,
+                          is_float)
+from halide_ad.runtime import lower
+from halide_ad.runtime.schedule.accumulate import split_accumulators
+from halide_ad.show import show
+from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
+from halide_ad.traverse import walk as walk_expr
+
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Element, For, If, Kind, Let, Local,
+                                     Source, Stmt, Store, block, walk)
+from halide_ad.runtime.writer import Writer
+
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
+
+
+def function(em, entry: str, body: Block) -> str:
+    """The module text for `entry(<the buffers it uses>, status)` running `body`."""
+    pieces = _cut(body.body, em)  # (prints every expression first: that names the buffers used)
+    names = [*map(em.buffer, em.used), "status"]
+    helpers: list[str] = []
+
+    def params(lines: list[str], outer: list[str]) -> list[str]:
+        used = set(_NAME.findall("\n".join(lines)))
+        return [v for v in outer if v in used] + [n for n in names if n in used]
+
+    def helper(kind: str, args: list[str], lines: list[str]) -> str:
+        name = f"{entry}_{kind}{len(helpers)}"
+        helpers.append(f"@kernel\ndef {name}({', '.join(args)}):\n" + "".join(f"    {line}\n" for line in lines) + "\n\n")
+        return name
+
+    def level(pieces: list, indent: int, outer: list[str]) -> list[str]:
+        pad, out, serial = "    " * indent, [], []
+
+        def flush() -> None:
+            if any(line.strip() and not line.strip().startswith("#") for line in serial):
+                args = params(serial, outer)
+                out.append(pad + f"{helper('s', args, serial)}({', '.join(args)})")
+            else:
+                out.extend(pad + line if line else line for line in serial)
+            serial.clear()
+
+        for piece in pieces:
+            if isinstance(piece, list):
+                serial += piece
+                continue
+            flush()
+            if isinstance(piece, _Parallel):
+                args = params(piece.lines, outer)
+                iteration = helper("b", [piece.var, *args], piece.lines)
+                call = f"{iteration}({', '.join([piece.var, *args])})"
+                name = helper("p", ["start", "stop", *args], [f"for {piece.var} in range(start, stop):", f"    {call}"])
+                out.append(pad + f"parallel_for({name}, {piece.bounds}{''.join(', ' + a for a in args)}, "
+                                 f"iteration={iteration})")
+            else:
+                out.append(pad + piece.header)
+                out += level(piece.pieces, indent + 1, outer + [piece.var])
+        flush()
+        return out
+
+    entry_lines = level(pieces, 1, []) + ["    return None"]
+    literals = "".join(f"{name} = {text}\n" for text, name in em.literals.items())
+    return literals + "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(entry_lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class _Parallel:
+    """A parallel loop, printed: what `function` outlines."""
+    var: str
+    bounds: str
+    lines: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Around:
+    """A serial loop with a parallel one inside: it stays in the entry."""
+    header: str
+    var: str
+    pieces: list
+
+
+def _cut(stmts: tuple[Stmt, ...], em) -> list:
+    """`stmts` printed: lines for each statement with no parallel loop inside, else a _Parallel or
+    an _Around."""
+    out: list = []
+    for s in stmts:
+        if not any(isinstance(n, For) and n.kind is Kind.PARALLEL for n in walk(s)):
+            out.append(render(s, em))
+            continue
+        assert isinstance(s, For), f"a parallel loop inside a statement that is not a loop: {s!r}"
+        s = resolve(s, em)
+        if s.kind is Kind.PARALLEL:
+            out.append(_Parallel(s.var, f"{s.lo}, {s.hi}", render(s.body, em)))
+        else:
+            out.append(_Around(_header(s), s.var, _cut(s.body.body, em)))
+    return out
+
+
+def resolve(s: Stmt, em, here: bool = True) -> Stmt:
+    """`s` with every expression printed, in order: For nodes with named variables and bounds as
+    text, the other statements as Source lines. Printing names variables and buffers, numbers
+    literals and run-time checks and lists the buffers used, so a nest is resolved where it
+    stands among the statements the code generator still writes as text. The loops of a
+    reduction inside an expression go before the line that reads it, or, without `here`, where
+    the code generator's Writer `em.out` stands (before the gather whose piece reads it, as
+    codegen.py placed them)."""
+    match s:
+        case Block(body):
+            return block(*(resolve(c, em, here) for c in body))
+        case Source(text, body):
+            return Source(text, resolve(body, em, here))
+        case For(var, lo, hi, kind, body, step):
+            name = var if isinstance(var, str) else em.name(var)
+            return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em, here), step)
+        case Store(buffer, index, value):
+            return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}", here)
+        case Accumulate(Load(buffer, index, _, loc), value, "sum", True):
+            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}", here)
+        case Accumulate(target, value, "sum", True):
+            return _with_inline(em, lambda: f"{em.expr(target)} += {em.expr(value)}", here)
+        case Accumulate(target, value, op, False):
+            def text():
+                name = em.expr(target)
+                return f"{name} = {COMBINE[op].format(name, em.expr(value))}"
+            return _with_inline(em, text, here)
+        case Allocate(array, shape, dtype):
+            return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
+        case Let(var, value):
+            return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}", here)
+        case If(cond, then, otherwise):
+            conds = cond if isinstance(cond, tuple) else (cond,)
+            test = _with_inline(em, lambda: f"if {' and '.join(em.expr(c) for c in conds)}:", here)
+            head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em, here)))
+            return head if otherwise is None else block(head, Source("else:", resolve(otherwise, em, here)))
+    raise TypeError(f"not a statement: {s!r}")
+
+
+def render(s: Stmt, em, indent: int = 0) -> list[str]:
+    """The lines of `s`, indented `indent` levels (a parallel loop inside runs serially: only
+    `function` outlines them)."""
+    return _lines(resolve(s, em), indent)
+
+
+def _lines(s: Stmt, indent: int) -> list[str]:
+    pad = "    " * indent
+    match s:
+        case Block(body):
+            return [line for c in body for line in _lines(c, indent)]
+        case Source(text, body):
+            return [pad + text if text else ""] + _lines(body, indent + 1)
+        case For(var, lo, hi, Kind.UNROLLED, body):
+            return [line for k in range(int(lo), int(hi)) for line in [f"{pad}{var} = {k}", *_lines(body, indent)]]
+        case For(var, lo, hi, Kind.AT_MOST_ONCE, body):
+            return [f"{pad}{var} = {lo}", f"{pad}if {var} < {hi}:"] + _lines(body, indent + 1)
+        case For(body=body):
+            return [pad + _header(s)] + _lines(body, indent + 1)
+    raise TypeError(f"not resolved: {s!r}")
+
+
+def _header(s: For) -> str:
+    """The header of a resolved loop."""
+    assert s.step == 1 or s.kind is Kind.SERIAL, f"a {s.kind.value} loop with a step: {s!r}"
+    if s.kind is Kind.REVERSED:
+        return f"for {s.var} in range({_shift(s.hi)}, {_shift(s.lo)}, -1):"
+    return f"for {s.var} in range({s.lo}, {s.hi}{'' if s.step == 1 else f', {s.step}'}):"
+
+
+def _shift(text: str) -> str:
+    """A bound minus one."""
+    return str(int(text) - 1) if text.lstrip("-").isdigit() else f"{text} - 1"
+
+
+def _bound(b: Bound, em) -> str:
+    return b if isinstance(b, str) else str(b) if isinstance(b, int) else em.expr(b)
+
+
+def _with_inline(em, line, here: bool = True) -> Block:
+    """`line()`'s text as a Source line, after the loops of the reductions it computes inline (the
+    Emitter writes those to `em.out` while it prints the expression), or, without `here`, with
+    those loops left in `em.out`."""
+    if not here:
+        return block(Source(line()))
+    saved, em.out = em.out, Writer()
+    em.out._tmp = saved._tmp  # temporaries stay unique in the kernel
+    try:
+        text = line()
+    finally:
+        inline, em.out = em.out, saved
+        saved._tmp = inline._tmp
+    return block(inline.tree(), Source(text))
+
+
+_NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
+             "cos": "np.cos", "tan": "np.tan", "tanh": "np.tanh", "sign": "np.sign", "floor": "np.floor",
+             "ceil": "np.ceil", "round": "np.rint", "atan2": "np.arctan2"}
+# float32 math that vectorizes (runtime/vmath.py); float64 keeps numpy's, i.e. the C library's
+_VMATH = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf"}
+# Names the generated code uses for its own: a variable or buffer named so is renamed
+# (`Emitter.name`, `Emitter.buffer`).
+_RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
+             "tap", "start", "stop", "range", "min", "max", "abs",
+             "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
+# hoisted loads and indices, literals, tables, staged adjoints, temporaries, entries and the
+# functions runtime/emit.py outlines
+_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_lane\d"
+                    r"|(forward|backward)\d*(_[bps]\d+)?")
+
+
+def _generated(name: str) -> bool:
+    return name in _RESERVED or _LOCAL.fullmatch(name) is not None
+
+
+@dataclass
+class Emitter:
+    """Python text for expressions, with buffer shapes for 0-d buffers and run-time index checks."""
+    shapes: dict[str, tuple[int, ...]]
+    names: dict[Var, str] = field(default_factory=dict)
+    checks: list[str] = field(default_factory=list)  # each run-time index check's error, with {value}
+    out: Writer = field(default_factory=Writer)
+    used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
+    hoisted: dict[Expr, str] = field(default_factory=dict)  # loads and indices already held in a local
+    # float32 literals and constant tables, defined once at module level: numba freezes globals
+    # into constants, and typing an np.float32(...) call at every use made big kernels compile
+    # ~25% slower. Text -> name.
+    literals: dict[str, str] = field(default_factory=dict)
+    # adjoints kept one plane at a time in a local array (see `_stage_depth`): buffer -> (the
+    # leading dimensions the enclosing loops fix, the local's name)
+    staged: dict[str, tuple[int, str]] = field(default_factory=dict)
+    buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)
+
+    def name(self, v: Var) -> str:
+        if v not in self.names:
+            clash = v.name in self.shapes or _generated(v.name)
+            base = v.name + "_" if clash else v.name
+            taken = set(self.names.values()) | set(self.buffers.values())
+            name, k = base, 1
+            while name in taken or name in self.shapes or _generated(name):
+                name, k = f"{base}{k}", k + 1
+            self.names[v] = name
+        return self.names[v]
+
+    def buffer(self, name: str) -> str:
+        """The kernel's name for buffer `name`: its own, unless the generated code uses that name
+        (a parameter called `status` or `np`), then one with underscores added."""
+        if name not in self.buffers:
+            local, taken = name, set(self.buffers.values()) | set(self.names.values())
+            while _generated(local) or local in taken or local != name and local in self.shapes:
+                local += "_"
+            self.buffers[name] = local
+        return self.buffers[name]
+
+    def const(self, value, dtype: str) -> str:
+        if dtype == "bool":
+            return "True" if value else "False"
+        if not is_float(dtype):
+            return repr(int(value))
+        text = "np.inf" if value == math.inf else "-np.inf" if value == -math.inf else \
+            "np.nan" if value != value else repr(float(value))
+        if dtype != "float32":
+            return text
+        return self.literals.setdefault(f"np.float32({text})", f"f32_{len(self.literals)}")
+
+    def table(self, rows: list[list], dtype: str) -> str:
+        """A module-level constant array of these rows."""
+        return self.literals.setdefault(f"np.array({rows!r}, np.{dtype})", f"tab_{len(self.literals)}")
+
+    def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
+        if buffer in self.staged:
+            depth, local = self.staged[buffer]
+            return f"{local}[{', '.join(self.expr(e) for e in index[depth:])}]"
+        self.used[buffer] = None
+        local = self.buffer(buffer)
+        if not index:
+            return f"{local}[0]"
+        parts = []
+        for d, e in enumerate(index):
+            text = self.expr(e)
+            if checked_at_run_time(e):
+                kind, fix = (("a data-dependent index", "Clamp the index (hd.clamp) or fix the index data")
+                             if is_data_dependent(e) else
+                             ("an index z3 could not bound", "Read through a boundary view or shrink "
+                              "the output so that every read stays inside"))
+                self.checks.append(f"{kind} was {{value}}, outside dimension {d} of {buffer} "
+                                   f"(valid: 0..{self.shapes[buffer][d] - 1}), read at {loc_text}. {fix}.")
+                text = f"checked({text}, {self.shapes[buffer][d]}, status, {len(self.checks) - 1})"
+            if not isinstance(e, Const):  # proved or checked >= 0: no wraparound (see vmath.nonneg)
+                text = f"nonneg({text})"
+            parts.append(text)
+        return f"{local}[{', '.join(parts)}]"
+
+    def expr(self, e: Expr) -> str:
+        if self.hoisted and isinstance(e, (Load, Bin)) and e in self.hoisted:
+            return self.hoisted[e]
+        match e:
+            case Const(v, dtype):
+                return self.const(v, dtype)
+            case Var():
+                return self.name(e)
+            case Load(buffer, index, _, loc):
+                return self.index(buffer, index, str(loc) if loc else show(e))
+            case Bin(Op.MIN | Op.MAX as op, a, b):
+                # numpy's minimum/maximum propagate NaN from either side; the builtins do not
+                fn = op.value if not is_float(dtype_of(e)) else f"np.{op.value}imum"
+                return f"{fn}({self.expr(a)}, {self.expr(b)})"
+            case Bin(Op.FLOORDIV | Op.MOD as op, a, Const(k)) if _is_power_of_two(k) and not is_float(dtype_of(a)):
+                # floor division and mod by 2**n are a shift and a mask, also for negative ints
+                # (two's complement); numba's `//` tests the divisor and fixes the sign
+                x = self.expr(a)
+                return f"({x} >> {k.bit_length() - 1})" if op is Op.FLOORDIV else f"({x} & {k - 1})"
+            case Bin(Op.POW, a, Const(2)):
+                x = self.expr(a)
+                return f"({x} * {x})"
+            case Bin(Op.POW, a, Const(3 | 4 as k)) if is_float(dtype_of(a)):
+                x = self.expr(a)
+                return f"({' * '.join([x] * int(k))})"
+            case Bin(Op.POW, a, b) if dtype_of(e) == "float32":
+                return f"vmath.pow_f32({self.expr(a)}, {self.expr(b)})"
+            case Bin(Op.AND | Op.OR as op, a, b) if dtype_of(a) == "bool" and dtype_of(b) == "bool":
+                return f"({self.expr(a)} {'and' if op is Op.AND else 'or'} {self.expr(b)})"
+            case Bin(op, a, b):
+                return f"({self.expr(a)} {op.value} {self.expr(b)})"
+            case Call("neg", (a,)):
+                return f"(-{self.expr(a)})"
+            case Call(fn, (a,)) if fn in (RUN_TIME_CHECKED, "stop_gradient"):  # (Emitter.index checks)
+                return self.expr(a)
+            case Call("not", (a,)):
+                return f"(not {self.expr(a)})"
+            case Call("abs", (a,)):
+                return f"abs({self.expr(a)})"
+            case Call("rsqrt", (a,)):
+                return f"({self.const(1.0, dtype_of(e))} / np.sqrt({self.expr(a)}))"
+            case Call(fn, (a,)) if fn in _VMATH and dtype_of(e) == "float32":
+                return f"vmath.{fn}_f32({self.expr(a)})"
+            case Call("erf", (a,)):
+                return self.cast(f"math.erf({self.expr(a)})", dtype_of(e))
+            case Call("sigmoid", (a,)):
+                one = self.const(1.0, dtype_of(e))
+                return f"({one} / ({one} + np.exp(-{self.expr(a)})))"
+            case Call(fn, args) if fn in _NP_FUNCS:
+                return f"{_NP_FUNCS[fn]}({', '.join(self.expr(a) for a in args)})"
+            case Select(c, t, f) if self._speculable(t) and self._speculable(f):
+                return f"branchless({self.expr(c)}, {self.expr(t)}, {self.expr(f)})"
+            case Select(c, t, f):
+                return f"({self.expr(t)} if {self.expr(c)} else {self.expr(f)})"
+            case Cast(dtype, v):
+                return self.cast(self.expr(v), dtype)
+            case Local(name):
+                return name
+            case Element(array, index, _):
+                return f"{array}[{', '.join(self.expr(i) for i in index)}]"
+            case Reduce():
+                return self.reduce_inline(e)
+        raise NotImplementedError(f"no Python for {e!r}")
+
+    def _speculable(self, e: Expr) -> bool:
+        """Whether `e` may be computed where its select does not take it (`branchless`): no load
+        but those already read into variables (a guarded one may be out of range), no reduction,
+        no integer division or remainder by a variable (it may be zero)."""
+        for n in walk_expr(e):
+            if self.hoisted and n in self.hoisted:
+                continue
+            match n:
+                case Load() | Reduce():
+                    return False
+                case Bin(Op.FLOORDIV | Op.MOD, _, Const(k)) if k:
+                    continue
+                case Bin(Op.FLOORDIV | Op.MOD):
+                    return False
+        return True
+
+    def cast(self, text: str, dtype: str) -> str:
+        return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"
+
+    def reduce_inline(self, r: Reduce) -> str:
+        """Hoist a reduction out of an expression: its loop goes before the line that uses it."""
+        tmp = self.out.temp("red")
+        self.out.add(resolve(split_accumulators(lower.accumulation(r, lower.accumulator(r, tmp))), self))
+        return tmp
+
+
+def _is_power_of_two(k) -> bool:
+    return isinstance(k, int) and not isinstance(k, bool) and k > 0 and k & (k - 1) == 0

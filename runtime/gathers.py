@@ -1,0 +1,512 @@
+"""The gradient's gather loop nests, scheduled while they are written (runtime/codegen.py drives).
+
+A gather loop nest runs its adjoint's Split (runtime/schedule/boundary.py): the interior box with
+its specialized gathers, the regions around it, the edge columns inside the box's row loop, the
+phases of a strided dimension, a separable window's two passes over a ring of rows, the corners
+whose gathers are constant taps as one loop over tables; loads read once per iteration are
+hoisted; an adjoint whose windows walk memory along its last dimension runs a row at a time
+(in column blocks when it is 1-D). These decisions are still made here while statements are
+written as text lines into a Writer, with their loops as For nodes (runtime/loops.py), so that
+runtime/emit.py outlines the parallel ones; a gather's pieces are lowered to nests
+(`lower.gather_piece`) and their long windows split into lanes (`split_accumulators`). They are
+to become Loops -> Loops passes under runtime/schedule/ one at a time (issue 27).
+"""
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import replace
+
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, dtype_of
+from halide_ad.show import show
+from halide_ad.affine import Affine
+from halide_ad.solver.bounds import checked_at_run_time, interval
+from halide_ad.runtime import emit, lower
+from halide_ad.runtime.contract import factors
+from halide_ad.runtime.emit import Emitter
+from halide_ad.runtime.loops import Bound, Kind, Local, block
+from halide_ad.runtime.lower import accumulator_dtype
+from halide_ad.runtime.schedule.accumulate import split_accumulators, unit_stride
+from halide_ad.runtime.schedule.parallel import parallel_dim, parallel_min_points
+from halide_ad.runtime.writer import Writer
+from halide_ad.traverse import free_vars, walk
+
+
+def open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> None:
+    w.loop(name, lo, hi, Kind.PARALLEL if parallel else Kind.SERIAL)
+
+
+def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str | None, dtype: str) -> None:
+    """The loops over all but the last of `vars_` (prange on dimension `par`), for a loop nest run
+    a row at a time; where the row accumulates in a local array `row` of `dtype`, that array,
+    allocated once per parallel iteration (once in all, serially)."""
+    if row is not None and par is None:
+        w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
+    for d, v in enumerate(vars_[:-1]):
+        open_loop(w, em.name(v), 0, shape[d], d == par)
+        if row is not None and d == par:
+            w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
+
+
+def cut_dims(vars_, shape, split) -> list[int]:
+    """The dimensions that the split's box or phases cut."""
+    if split is None:
+        return []
+    return [d for d, v in enumerate(vars_) if v in split.box and (split.box[v] != (0, shape[d] - 1) or v in split.phased)]
+
+
+def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
+                     opened: int = 0, terms: float = 1) -> None:
+    """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
+    around the box running that region's specialized gathers (or, without regions, one over all
+    the points outside the box running the general gathers), then one over the box running
+    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
+    regions beside the box in its last dimension only run inside the box's loop, next to each
+    row's interior. Each body is emitted once per region and once per phase. The loops over the
+    first `opened` dimensions are open already; `terms` is the gathers' terms per point."""
+    par = parallel_dim(shape, terms)
+    dims = cut_dims(vars_, shape, split)
+    box = {vars_[d]: split.box[vars_[d]] for d in dims}
+    depth = w.depth
+    if not dims and (split is None or split.separable is None):
+        _full_loops(w, em, vars_, shape, range(opened, len(vars_)), par, lambda: body(gathers))
+        w.depth = depth
+        return
+    first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
+    _full_loops(w, em, vars_, shape, range(opened, first), par, lambda: None)
+    level = w.depth
+    i, j = len(vars_) - 2, len(vars_) - 1
+    separable = split.separable is not None and first <= i and par not in (i, j) and \
+        _ring_rows(split) * shape[j] <= MAX_SEPARABLE_TEMP
+    # regions beside the box in its last dimension only (a plane's edge columns) run inside the
+    # box's loop over the dimension before it, while that row is in cache
+    def is_column(region) -> bool:
+        return not separable and region[vars_[last]] != box[vars_[last]] and all(
+            region[vars_[d]] == box[vars_[d]] for d in dims[:-1])
+
+    columns = [c for c in split.outside if is_column(c[0])]
+
+    def regions(chosen, in_box_loop: bool) -> None:
+        """Each region's loop nest, from the first box dimension in (from the last, inside the box's
+        loop over the one before it), running its own specialized gathers with each point read
+        once; a thin one (a row of one image), or one inside the box's loop, runs serially."""
+        start, depth_ = (last if in_box_loop else first), w.depth
+        for region, gs in chosen:
+            ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+            parallel = not in_box_loop and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= parallel_min_points()
+            for d in range(start, len(vars_)):
+                lo, hi = ranges[vars_[d]]
+                if lo == hi:  # a loop of one point costs numba more to compile than the body
+                    w.line(f"{em.name(vars_[d])} = {lo}")
+                else:
+                    open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par and parallel)
+            _hoist_loads(w, em, gs, ranges, written)
+            body(gs)
+            em.hoisted.clear()
+            w.depth = depth_
+
+    # the box; a separable one runs before the regions around it, whose edge columns (not inside
+    # its row loop, which has none) then find the rows it read in cache: a bilinear gradient's
+    # edges ran 2.5 ms faster after its interior than before it (other boxes ran as fast or
+    # slightly faster after)
+    phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
+
+    def box_loops(d: int, combo: tuple[int, ...], at: dict) -> None:
+        if d == last and columns:
+            # a phased row is j = s*q + p: the columns' gathers read it under a name of its own
+            aliases = {}
+            for v, e in at.items():
+                alias = em.name(Var(f"{v.name}_{e.rhs.value}"))
+                w.line(f"{alias} = {em.expr(e)}")
+                aliases[v] = alias
+            side(aliases, [c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]])
+            dim_loop(d, combo, at)
+            side(aliases, [c for c in columns if c[0][vars_[d]][0] > box[vars_[d]][1]])
+        else:
+            dim_loop(d, combo, at)
+
+    def side(aliases: dict[Var, str], chosen) -> None:
+        saved = {v: em.names[v] for v in aliases}
+        em.names.update(aliases)
+        regions(chosen, True)
+        em.names.update(saved)
+
+    def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> None:
+        if d == len(vars_):
+            body(split.phases[combo], at) if split.phased else body(split.inside)
+            return
+        v = vars_[d]
+        if d not in phased:
+            lo, hi = box[v] if v in box else (0, shape[d] - 1)
+            open_loop(w, em.name(v), lo, hi + 1, d == par)
+            box_loops(d + 1, combo, at)
+            w.depth -= 1
+            return
+        k = phased[d]
+        stride, q = split.strides[k], split.phase_vars[k]
+        lo, hi = box[v]
+        open_loop(w, em.name(q), lo // stride, (hi + 1) // stride, d == par)
+        if k == len(split.phased) - 1:  # the phases of one iteration share their loads
+            _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
+                         _box_ranges(vars_, shape, split), written)
+        for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
+            w.line(f"# phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}")
+            box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
+                                                        Const(p, INDEX_DTYPE))})
+        w.depth -= 1
+
+    def emit_box() -> None:
+        if separable:
+            for d in range(first, i):
+                lo, hi = box.get(vars_[d], (0, shape[d] - 1))
+                open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par)
+            _emit_separable(w, em, split, vars_, shape, body)
+        else:
+            box_loops(first, (), {})
+        em.hoisted.clear()
+        w.depth = level
+
+    if separable:
+        emit_box()
+    # the points outside the box, but for the columns; lone points (a plane's corners) whose
+    # gathers are constant taps share one loop over tables of their taps
+    around = [r for r in split.outside if not is_column(r[0])]
+    points = _tabled_points(around, vars_[first:], em)
+    tabled = {id(region) for region, _ in points}
+    regions([r for r in around if id(r[0]) not in tabled], False)
+    if points:
+        _emit_tabled_points(w, em, points, vars_[first:], body)
+        w.depth = level
+    if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
+        # no regions: the general gathers run outside the box, where the last box dimension runs the
+        # spans below and above it if the outer ones are inside it, else its whole extent
+        _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
+        n, (lo, hi) = shape[last], box[vars_[last]]
+        around = f"((0, {lo}), ({hi + 1}, {n}))"
+        outer = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
+        w.line(f"spans = {around} if {' and '.join(outer)} else ((0, {n}), ({n}, {n}))" if outer else
+               f"spans = {around}")
+        w.line("for span in spans:")
+        w.depth += 1
+        open_loop(w, em.name(vars_[last]), "span[0]", "span[1]", False)
+        _full_loops(w, em, vars_, shape, range(last + 1, len(vars_)), par, lambda: body(gathers))
+        w.depth = level
+    if not separable:
+        emit_box()
+    w.depth = depth
+
+
+MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's ring of rows: its rows stay in cache
+
+
+def _ring_rows(split) -> int:
+    """The rows of a separable window's temporary: a ring of a power of two, at least the source
+    rows one output row reads, so that a row's slot is `row & (ring - 1)`."""
+    offsets = [r for r, _ in split.separable.rows]
+    return 1 << (max(offsets) - min(offsets)).bit_length()
+
+
+def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
+    """The box's last two dimensions (i, j) as two passes of the Separable window: each source
+    row it reads, filtered along j into a ring of rows, then, per output row, the ring's rows
+    summed along i. Each output row filters only the source rows the previous one did not read,
+    so the ring stays in L1 and each source row is read from memory once (one temporary for the
+    whole plane, then a second pass over it, ran bilinear's gradient 15% slower)."""
+    sep = split.separable
+    (i, j), dtype = vars_[-2:], sep.src.dtype
+    (lo_i, hi_i), (lo_j, hi_j) = (split.box.get(v, (0, n - 1)) for v, n in zip((i, j), shape[-2:], strict=True))
+    first_row = min(r for r, _ in sep.rows)
+    span = max(r for r, _ in sep.rows) - first_row + 1
+    fresh = min(sep.row_stride, span)  # the rows an output row reads that the one before did not
+    mask = _ring_rows(split) - 1
+    tmp, k = w.temp("window"), Var("row")
+
+    def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
+        return Affine.of(coeffs, c).to_expr()
+
+    column = em.expr(affine({j: 1}, -lo_j))
+    lead = sep.src.index[:-2]
+    source_row = affine({k: 1}, sep.row_stride * lo_i + first_row)  # row k of the ring's numbering
+    taps = [(em.expr(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c)))), weight)
+            for c, weight in sep.cols]
+
+    w.line(f"# separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first")
+    w.line(f"{tmp} = np.empty(({mask + 1}, {hi_j - lo_j + 1}), np.{dtype})")
+    open_loop(w, em.name(i), lo_i, hi_i + 1, False)
+    first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
+    start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
+    if span > fresh:  # the first output row filters all its rows (one loop: numba compiles the body once)
+        start = f"0 if {em.name(i)} == {lo_i} else {start}"
+    open_loop(w, em.name(k), start, stop, False)
+    open_loop(w, em.name(j), lo_j, hi_j + 1, False)
+    w.line(f"{tmp}[{em.name(k)} & {mask}, {column}] = {' + '.join(weighted_sums(em, taps, dtype))}")
+    w.depth -= 2
+    open_loop(w, em.name(j), lo_j, hi_j + 1, False)
+    ring_row = {r: em.expr(affine({i: sep.row_stride}, first + r - first_row)) for r, _ in sep.rows}
+    body([], terms=[(f"{tmp}[{ring_row[r]} & {mask}, {column}]", weight) for r, weight in sep.rows],
+         terms_dtype=dtype)
+    w.depth -= 2
+
+
+def _box_ranges(vars_, shape, split) -> dict[Var, tuple[int, int]]:
+    """Inclusive ranges of the gather variables and the phase variables inside the box."""
+    ranges = {v: split.box.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+    for j, stride, q in zip(split.phased, split.strides, split.phase_vars, strict=True):
+        lo, hi = split.box[j]
+        ranges[q] = (lo // stride, (hi + 1) // stride - 1)
+    return ranges
+
+
+def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
+    """Read once, at the top of the iteration, every load of the phases that depends only on the
+    loop variables and is in range for all of them (so reading it even where a guard fails is
+    safe). Without this, a store between two phases makes LLVM read again and not vectorize.
+    An index that two of them share is computed once, before them: numba's compile time grows
+    with every operation, and an edge of a bilinear gradient reads 12 loads at 4 columns."""
+    em.hoisted.clear()
+    chosen: dict[Load, None] = {}
+    for g in gathers:
+        for piece in g.pieces:
+            inner = {r.var for r in piece.loops}
+            for e in [piece.value, *(c for level in piece.guards for c in level)]:
+                for n in walk(e):
+                    if (isinstance(n, Load) and n not in chosen and n.buffer != written and n.index
+                            and not any(isinstance(m, Var) and m in inner for i in n.index for m in walk(i))
+                            and all(_within(i, em.shapes[n.buffer][d], ranges) for d, i in enumerate(n.index))):
+                        chosen[n] = None
+    shared = collections.Counter(i for n in chosen for i in dict.fromkeys(n.index) if isinstance(i, Bin))
+    for i in (i for i, count in shared.items() if count > 1):
+        name = f"ix{len(em.hoisted)}"
+        w.line(f"{name} = {em.expr(i)}")
+        em.hoisted[i] = name
+    for k, n in enumerate(chosen):
+        w.line(f"h{k} = {em.index(n.buffer, n.index, n.buffer)}")
+        em.hoisted[n] = f"h{k}"
+
+
+def _within(e: Expr, n: int, ranges) -> bool:
+    if checked_at_run_time(e):
+        return False
+    span = interval(e, ranges)
+    return span is not None and 0 <= span[0] and span[1] < n
+
+
+def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
+    """Open a loop over the whole extent of each of `dims`, run `inner`, and stay nested."""
+    for d in dims:
+        open_loop(w, em.name(vars_[d]), 0, shape[d], d == par)
+    inner()
+
+
+def _tabled_points(regions, dims, em: Emitter) -> list:
+    """(region, its taps) for the regions among `regions` that are single points in `dims` and
+    whose gathers are only constant times loads of one buffer at one leading index, the rest
+    constants (the corners of a bilinear gradient's planes: 9 taps each). Two or more such run
+    as one loop over tables of their taps: a specialized copy of the body per corner cost numba
+    as much to compile as an edge's loop. Empty unless there are two."""
+    points = []
+    for region, gs in regions:
+        if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:
+            continue
+        taps = _constant_taps(gs)
+        if taps is not None:
+            points.append((region, taps))
+    heads = {(t[0].buffer, t[0].index[:t[1]], t[0].dtype, t[1]) for _, taps in points for t in taps[:1]}
+    if len(points) < 2 or len(heads) != 1 or next(iter(heads))[0] in em.staged:
+        return []
+    return points
+
+
+def _constant_taps(gs) -> list[tuple[Load, int, float]] | None:
+    """(load, where its constant indices start, weight) for each load the gathers read, or None
+    unless every piece is unguarded, loop-free, a constant times one load, and every load's index
+    is the same leading expressions (no run-time check among them), then constants."""
+    taps = []
+    for g in gs:
+        for p in g.pieces:
+            f = None if p.loops or any(p.guards) else factors(p.value)
+            if f is None or len(f[0]) != 1:
+                return None
+            (load,), scale = f
+            lead = len(load.index)
+            while lead and isinstance(load.index[lead - 1], Const):
+                lead -= 1
+            if (lead == len(load.index) or load.dtype != dtype_of(p.value)
+                    or any(checked_at_run_time(e) for e in load.index[:lead])):
+                return None
+            taps.append((load, lead, scale))
+    if not taps or len({(t[0].buffer, t[0].index[:t[1]], t[1]) for t in taps}) != 1:
+        return None
+    weights: dict[Load, float] = {}  # a load read by several gathers is one tap
+    for load, _, scale in taps:
+        weights[load] = weights.get(load, 0.0) + scale
+    return [(load, taps[0][1], scale) for load, scale in weights.items()]
+
+
+def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
+    """One loop over the points (`_tabled_points`): each point's position, and its taps'
+    constant indices and weights, read from module-level tables; `body` stores the sum."""
+    per_point = [taps for _, taps in points]
+    load, lead, _ = per_point[0][0]
+    width = max(len(taps) for taps in per_point)
+    at = [v for v in dims if v in points[0][0]]
+    where = em.table([[region[v][0] for v in at] for region, _ in points], "int64")
+    tail = len(load.index) - lead
+    # rows padded to the longest; a point runs only its own count of taps (a padding tap at weight
+    # 0 would still turn an inf it read into nan)
+    index = em.table([[[e.value for e in t[0].index[lead:]] for t in taps] + [[0] * tail] * (width - len(taps))
+                      for taps in per_point], "int64")
+    weight = em.table([[t[2] for t in taps] + [0.0] * (width - len(taps)) for taps in per_point], load.dtype)
+    count = em.table([len(taps) for taps in per_point], "int64")
+    w.line(f"for point in range({len(points)}):")
+    w.depth += 1
+    for k, v in enumerate(at):
+        w.line(f"{em.name(v)} = {where}[point, {k}]")
+    w.line(f"taps = {em.const(0, load.dtype)}")
+    w.line(f"for tap in range({count}[point]):")
+    lead_text = [em.expr(e) for e in load.index[:lead]]
+    rest = [f"{index}[point, tap, {k}]" for k in range(tail)]
+    w.line(f"    taps += {em.buffer(load.buffer)}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
+    em.used.setdefault(load.buffer, None)
+    body([], terms=[("taps", 1.0)], terms_dtype=load.dtype)
+
+
+def weighted_sums(em: Emitter, terms: list[tuple[str, float]], dtype: str) -> list[str]:
+    """`sum(text * weight)` as one sum per weight, its terms added before the weight multiplies
+    them (`(h1 + h2 + h6) * f32_2`): numba's compile time grows with every operation. A term
+    whose text is empty is its weight alone."""
+    by_weight: dict[float, list[str]] = {}
+    sums = []
+    for text, weight in terms:
+        if text:
+            by_weight.setdefault(weight, []).append(text)
+        else:
+            sums.append(em.const(weight, dtype))
+    for weight, texts in by_weight.items():
+        total = texts[0] if len(texts) == 1 else f"({' + '.join(texts)})"
+        sums.append(total if weight == 1 else f"{total} * {em.const(weight, dtype)}")
+    return sums
+
+
+def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str,
+                 acc_dtype: str) -> None:
+    """The gather's pieces, but those read unconditionally as a constant times loads of `dtype`:
+    these go into `like`, the constant summed per product of loads, which the caller emits once
+    (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
+    bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
+    every operation). A long innermost loop adds into LANES partial sums (`split_accumulators`)."""
+    _describe(w, g)
+    for piece in g.pieces:
+        product = None if piece.loops or any(piece.guards) else factors(piece.value)
+        if product is not None and all(x.dtype == dtype for x in product[0]):
+            key = tuple(sorted(product[0], key=show))
+            like[key] = like.get(key, 0.0) + product[1]
+            continue
+        # (a reduction inside the value is computed before the element's sums, outside its guards)
+        piece_nest = split_accumulators(block(lower.gather_piece(piece, Local("acc", acc_dtype))))
+        w.add(emit.resolve(piece_nest, em, here=False))
+
+
+def gather_terms(gathers, shape: tuple[int, ...]) -> float:
+    """How many terms the gathers add per element on average: their scatters' points over the
+    adjoint's elements (a bias's gradient sums a whole batch per element, a pooling window's a
+    few)."""
+    return sum(math.prod(r.hi - r.lo for r in g.scatter.domain) for g in gathers) / max(1, math.prod(shape))
+
+
+def wide_gathers(gs, adj) -> bool:
+    """Whether the gathers' sum accumulates in float64 (`accumulator_dtype`)."""
+    return accumulator_dtype("sum", adj.dtype, gather_terms(gs, adj.shape)) != adj.dtype
+
+
+def gathers_by_rows(vars_, shape, gathers) -> bool:
+    """Whether an adjoint's windows run with its last variable's loop innermost
+    (`emit_row_gathers`): the windows' reads walk memory with that variable, none with a window
+    variable, no guard and no window bound depends on it. A layer norm's gain gradient,
+    `adj_g[j] += adj_y[i, j] * xhat[i, j]` over i, walked every column across 4096 rows."""
+    if not vars_ or shape[-1] < 2:
+        return False
+    last, pieces = vars_[-1], [p for g in gathers for p in g.pieces]
+    windows = [p for p in pieces if p.loops]
+    if not windows or any(c for p in pieces for level in p.guards for c in level):
+        return False
+    if any(isinstance(b, Expr) and last in free_vars(b) for p in windows for loop in p.loops
+           for b in (loop.lo, loop.hi)):
+        return False
+    return any(unit_stride(p.value, last) for p in windows) and not any(
+        n.index and free_vars(n.index[-1]) & {loop.var for loop in p.loops}
+        for p in windows for n in walk(p.value) if isinstance(n, Load))
+
+
+def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
+    """An adjoint's rows, one at a time: the cotangent and the terms without a window, then each
+    window's loops with the row's loop inside them, so that every read walks memory in order.
+    Each element adds its terms in the same order as one element at a time would. A float64
+    accumulator is a row of its own, else the adjoint's row accumulates in place."""
+    adj, vars_, shape = plan.adjoint, plan.new_vars, plan.adjoint.shape
+    pieces, outer = [p for g in gathers for p in g.pieces], w.depth
+    dtype = "float64" if wide_gathers(gathers, adj) else adj.dtype
+    k, n = em.name(vars_[-1]), shape[-1]
+    store = em.index(name, vars_, name)
+    row = None if dtype == adj.dtype else w.temp("row")
+    terms = gather_terms(gathers, shape) * n
+    columns = f"0, {n}"
+    blocks = _column_blocks(shape, terms)
+    if blocks is None:
+        acc = store if row is None else f"{row}[{k}]"
+        _open_rows(w, em, vars_, shape, parallel_dim(shape[:-1], terms), row, dtype)
+    else:  # a 1-D adjoint (a gain's or a bias's): blocks of columns in parallel
+        block, lo = -(-n // blocks), w.temp("col")
+        open_loop(w, f"{lo}_block", 0, blocks, True)
+        w.line(f"{lo} = {lo}_block * {block}")
+        columns = f"{lo}, min({lo} + {block}, {n})"
+        if row is not None:
+            w.line(f"{row} = np.empty({block}, np.{dtype})")
+        acc = store if row is None else f"{row}[{k} - {lo}]"
+    first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
+    first += [em.expr(p.value) for p in pieces if not p.loops]
+    with w.block(f"for {k} in range({columns}):"):
+        w.line(f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
+    for g in gathers:
+        _describe(w, g)
+        for p in g.pieces:
+            if not p.loops:
+                continue
+            depth = w.depth
+            for loop in p.loops:
+                w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
+                w.depth += 1
+            with w.block(f"for {k} in range({columns}):"):
+                w.line(f"{acc} = {acc} + {em.expr(p.value)}")
+            w.depth = depth
+    if row is not None:
+        with w.block(f"for {k} in range({columns}):"):
+            w.line(f"{store} = {acc}")
+    w.depth = outer
+
+
+COLUMN_BLOCK = 128  # the fewest columns a thread takes of a 1-D adjoint run a row at a time
+COLUMN_BLOCKS = 16  # the most blocks it splits into (parallel_for hands them to the threads)
+
+
+def _column_blocks(shape: tuple[int, ...], terms: float) -> int | None:
+    """How many blocks of columns a 1-D adjoint run a row at a time splits into, to run in
+    parallel; None for serial (short, or not 1-D: those run in parallel over their rows). Each
+    column adds its terms in the same order either way, so the bits do not change. A layer
+    norm's gain gradient (4096 rows of 1024) ran on one thread."""
+    if len(shape) != 1 or shape[0] < 2 * COLUMN_BLOCK or terms < parallel_min_points():
+        return None
+    return min(shape[0] // COLUMN_BLOCK, COLUMN_BLOCKS)
+
+
+def _describe(w: Writer, c) -> None:
+    """A comment naming contribution `c` (a Gather or a Fallback): its form, scatter and source."""
+    s = c.scatter
+    w.line(f"# {c.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+           + (f"  ({s.loc})" if s.loc else ""))
+
+
+def emit_scatter(w: Writer, em: Emitter, f, adj_name: str, dtype: str) -> None:
+    _describe(w, f)
+    w.line(f"# kept as a scatter: {f.reason}")
+    w.add(emit.resolve(lower.scatter(f, adj_name, dtype), em))

@@ -1,0 +1,159 @@
+"""A loop-nest IR: the loops a kernel runs, as frozen data between the gathers and the source text.
+
+`runtime/lower.py` builds plain nests from Funcs, the passes under `runtime/schedule/` rewrite
+them, and `runtime/emit.py` prints them as the Python that numba compiles, outlining each parallel
+loop into the functions `parallel_for` runs. Values, indices and conditions are `halide_ad.ir`
+expressions. A `Source` node is a line of hand-written Python for what has no node of its own yet:
+the gather loop nests of runtime/gathers.py (not lowered to this IR yet) write their statements as
+such lines, with the loops around them as `For` nodes; lowered nests use two, named where they
+are made: the lanes' combination (`split_accumulators`) and the NaN rule of an extremum's test
+(`lower.extremum`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+
+from halide_ad.ir import Expr, Load, Var
+
+
+class Kind(Enum):
+    SERIAL = "serial"
+    PARALLEL = "parallel"  # iterations independent: emit.py hands the body to parallel_for
+    REVERSED = "reversed"  # hi - 1 down to lo
+    UNROLLED = "unrolled"  # constant bounds: one copy of the body per iteration
+    AT_MOST_ONCE = "at most once"  # proved to run zero times or once: `var = lo`, then a test
+
+
+Bound = Expr | int | str  # a str is Python text, for bounds not yet lowered (`span[0]`)
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    body: tuple[Stmt, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class For:
+    """`for var in range(lo, hi, step)`, of `kind`. `var` is a Var, named by the emitter, or a
+    str, a name generated code has already chosen."""
+    var: Var | str
+    lo: Bound
+    hi: Bound
+    kind: Kind
+    body: Block
+    step: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Local(Expr):
+    """A local variable of the kernel's own (an accumulator, a lane of partial sums), which the
+    pass that introduces it names: `acc`, `acc_lane3`. Generated names never clash with the
+    user's: the emitter renames those."""
+    name: str
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Element(Expr):
+    """array[index]: an element of a local array (Allocate), indexed within its shape by the
+    loops that fill it (no check, no wraparound)."""
+    array: str
+    index: tuple[Expr, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """buffer[index] = value"""
+    buffer: str
+    index: tuple[Expr, ...]
+    value: Expr
+
+
+# how Accumulate combines its target and a value, as Python (numpy's NaN rule for max and min)
+COMBINE = {"sum": "{} + {}", "prod": "{} * {}", "max": "vmath.maximum({}, {})", "min": "vmath.minimum({}, {})"}
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulate:
+    """target = target <op> value, for op "sum", "prod", "max" or "min" (the max and min with
+    numpy's NaN rule, `vmath.maximum`). `augmented`: written `target += value` (a sum into a
+    buffer's element, which a scatter may also have read: numba then reads it once)."""
+    target: Local | Element | Load
+    value: Expr
+    op: str = "sum"
+    augmented: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class If:
+    """`then` where `cond` holds, or all of a tuple of conditions."""
+    cond: Expr | tuple[Expr, ...]
+    then: Block
+    otherwise: Block | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Let:
+    """var = value: a Var is named by the emitter."""
+    var: Var | Local | Element
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
+class Allocate:
+    """array = an uninitialized local array of `shape` and `dtype` (a row of partial sums)."""
+    array: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A line of Python text, and the statements nested under it (`if ...:`, a loop written as
+    text, a comment). The code generator's statements not lowered to nodes yet."""
+    text: str
+    body: Block = Block()
+
+
+Stmt = Block | For | Store | Accumulate | If | Let | Allocate | Source
+
+
+def children(s: Stmt) -> tuple[Stmt, ...]:
+    match s:
+        case Block(body):
+            return body
+        case For(body=body) | Source(body=body):
+            return (body,)
+        case If(_, then, otherwise):
+            return (then,) if otherwise is None else (then, otherwise)
+    return ()
+
+
+def walk(s: Stmt) -> Iterator[Stmt]:
+    """`s` and every statement inside it, outermost first."""
+    yield s
+    for c in children(s):
+        yield from walk(c)
+
+
+def block(*stmts: Stmt) -> Block:
+    """A block of `stmts`, the statements of nested blocks spliced in."""
+    out: list[Stmt] = []
+    for s in stmts:
+        out.extend(s.body if isinstance(s, Block) else (s,))
+    return Block(tuple(out))
+
+
+def nest(loops: list[tuple[Var | str, Bound, Bound, Kind]], body: Stmt) -> Stmt:
+    """`body` inside the loops (first outermost)."""
+    for var, lo, hi, kind in reversed(loops):
+        body = For(var, lo, hi, kind, block(body))
+    return body
+
+
+def loops(s: Stmt) -> list[For]:
+    """The For nodes in `s`, outermost first."""
+    return [n for n in walk(s) if isinstance(n, For)]

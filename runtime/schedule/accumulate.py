@@ -1,0 +1,127 @@
+"""split_accumulators: a long reduction over a contiguous axis as LANES independent partial results.
+
+One running total is a chain of dependent adds, each waiting for the last (~4 cycles); LANES of
+them keep the adder busy. The lanes combine in a fixed tree after the loop, so the result depends
+on the extent only, never on the thread count.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, is_float
+from halide_ad.runtime.loops import COMBINE, Accumulate, Block, For, If, Kind, Let, Local, Source, Stmt, block
+from halide_ad.affine import linear_form
+from halide_ad.traverse import simplify, substitute, walk
+
+LANES = 8  # independent partial sums of a long reduction over a contiguous axis
+
+
+def unit_stride(e: Expr, v: Var) -> bool:
+    """Whether the last index of some load in `e` steps by one with `v`."""
+    return any(n.index and (form := linear_form(n.index[-1])) is not None and form[0].get(v) == 1
+               for n in walk(e) if isinstance(n, Load))
+
+
+def pairwise(names: list[str], op: str) -> str:
+    """((a + b) + (c + d)) + ...: the lanes combined in a fixed tree. `op` is "+" or "*", or a
+    format with two places ("{} + {}")."""
+    form = op if "{}" in op else f"{{}} {op} {{}}"
+    while len(names) > 1:
+        names = [f"({form.format(a, b)})" for a, b in zip(names[::2], names[1::2])] + names[len(names) // 2 * 2:]
+    return names[0]
+
+
+def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], op: str,
+                augmented: bool = False) -> For:
+    """`for var in range(lo, whole, LANES)`, lane q accumulating `body` at var + q."""
+    return For(var, lo, whole, Kind.SERIAL, Block(tuple(
+        Accumulate(lane, simplify(substitute(body, {var: Bin(Op.ADD, var, Const(q, INDEX_DTYPE))})), op, augmented)
+        for q, lane in enumerate(lanes))), LANES)
+
+
+def split_accumulators(s: Stmt) -> Stmt:
+    """`s` with each accumulation that runs better in lanes split into LANES of them:
+
+    * `acc = identity; for ...: for v: acc = acc <op> term` (a reduction) whose innermost loop
+      qualifies (`_lane_loop`) runs its rounds in lanes, `acc` the first, the loop's remainder
+      added to `acc`, and the lanes combined after the loops;
+    * `for v: acc += term` (a gather's window) the same, its lanes starting at zero and added
+      to `acc` after the rounds, then the remainder."""
+    match s:
+        case Block(body):
+            out: list[Stmt] = []
+            k = 0
+            while k < len(body):
+                stmt = body[k]
+                if (isinstance(stmt, Let) and isinstance(stmt.var, Local) and k + 1 < len(body)
+                        and (split := _split(stmt, body[k + 1])) is not None):
+                    out.extend(split)
+                    k += 2
+                elif isinstance(stmt, For) and (split := _split_window(stmt)) is not None:
+                    out.extend(split)
+                    k += 1
+                else:
+                    out.append(split_accumulators(stmt))
+                    k += 1
+            return Block(tuple(out))
+        case For(body=body) | Source(body=body):
+            return replace(s, body=split_accumulators(body))
+        case If(_, then, otherwise):
+            return replace(s, then=split_accumulators(then), otherwise=otherwise and split_accumulators(otherwise))
+    return s
+
+
+def _split(init: Let, loops: Stmt) -> tuple[Stmt, ...] | None:
+    acc = init.var
+    chain = []
+    while isinstance(loops, For) and loops.kind is Kind.SERIAL and loops.step == 1:
+        chain.append(loops)
+        inner = loops.body.body
+        loops = inner[0] if len(inner) == 1 else None
+    if (not chain or not isinstance(loops, Accumulate) or loops.target != acc or loops.augmented
+            or not _lane_loop(chain[-1], loops, acc)):
+        return None
+    last, step = chain[-1], loops
+    whole = last.lo + (last.hi - last.lo) // LANES * LANES
+    lanes = [acc] + [Local(f"{acc.name}_lane{q}", acc.dtype) for q in range(1, LANES)]
+    rounds = [lane_rounds(last.var, last.lo, whole, step.value, lanes, step.op)]
+    if whole < last.hi:
+        rounds.append(For(last.var, whole, last.hi, Kind.SERIAL, block(step)))
+    nest: Stmt = block(*rounds)
+    for loop in reversed(chain[:-1]):
+        nest = replace(loop, body=block(nest))
+    combine = Source(f"{acc.name} = {pairwise([lane.name for lane in lanes], COMBINE[step.op])}")
+    return (init, *(Let(lane, init.value) for lane in lanes[1:]), *block(nest).body, combine)
+
+
+def _split_window(loop: For) -> tuple[Stmt, ...] | None:
+    inner = loop.body.body
+    if (loop.kind is not Kind.SERIAL or loop.step != 1 or len(inner) != 1 or not isinstance(inner[0], Accumulate)
+            or not inner[0].augmented):
+        return None
+    step, acc = inner[0], inner[0].target
+    lo, hi = _constant(loop.lo), _constant(loop.hi)
+    if lo is None or hi is None or not isinstance(acc, Local):
+        return None
+    loop = replace(loop, lo=lo, hi=hi)
+    if not _lane_loop(loop, step, acc):
+        return None
+    whole = lo + (hi - lo) // LANES * LANES
+    lanes = [Local(f"{acc.name}_lane{q}", acc.dtype) for q in range(LANES)]
+    rounds = lane_rounds(loop.var, lo, whole, step.value, lanes, step.op, augmented=True)
+    combined = Source(f"{acc.name} += {pairwise([lane.name for lane in lanes], '+')}")
+    rest = (For(loop.var, whole, hi, Kind.SERIAL, block(step)),) if whole < hi else ()
+    return (*(Let(lane, Const(0, acc.dtype)) for lane in lanes), rounds, combined, *rest)
+
+
+def _constant(e) -> int | None:
+    return e if isinstance(e, int) else e.value if isinstance(e, Const) else None
+
+
+def _lane_loop(loop: For, step: Accumulate, acc: Local) -> bool:
+    """Whether the innermost loop of an accumulation runs in lanes: a float max, min, sum or
+    product, constant bounds and at least two rounds, its terms read walking a contiguous axis
+    with the loop (so the lanes read one cache line). A masked accumulation (its step under an
+    If) keeps one total."""
+    return (step.op in COMBINE and is_float(acc.dtype) and isinstance(loop.lo, int) and isinstance(loop.hi, int)
+            and loop.hi - loop.lo >= 2 * LANES and isinstance(loop.var, Var) and unit_stride(step.value, loop.var))

@@ -1,0 +1,328 @@
+"""The loop-nest IR (runtime/loops.py), the writer that builds it and the emitter that prints it
+(runtime/emit.py): parallel loops outlined from nests, every loop kind, and a kernel namespace that
+no user name can break."""
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from halide_ad.ir import Bin, Const, Load, Op, Var
+from halide_ad.runtime import emit, lower
+from halide_ad.runtime.emit import Emitter
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, For, If, Kind, Let, Local, Source, Store, block,
+                                     loops, nest, walk)
+from halide_ad.runtime.parallel import parallel_for
+from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
+from halide_ad.runtime.schedule.parallel import choose_parallel
+from halide_ad.runtime.schedule.rows import interchange_rows
+from halide_ad.runtime.writer import Writer
+
+i, j = Var("i"), Var("j")
+
+
+def _run(source: str, entry: str, *args):
+    """`entry` from `source`, run as plain Python (`kernel` and `parallel_for` as the runtime has them)."""
+    namespace = {"np": np, "kernel": lambda f: f, "parallel_for": parallel_for, "nonneg": lambda k: k}
+    exec(source, namespace)
+    return namespace[entry](*args)
+
+
+def test_walk_and_nest_see_every_statement():
+    store = Store("out", (i, j), Load("x", (i, j), "float64"))
+    body = nest([(i, 0, 3, Kind.PARALLEL), (j, 0, 4, Kind.SERIAL)], store)
+    assert [n.var for n in loops(body)] == [i, j]
+    assert store in list(walk(body)) and loops(body)[0].kind is Kind.PARALLEL
+    guarded = If(Bin(Op.LT, i, Const(2, "int64")), block(store), block(Let(j, Const(0, "int64"))))
+    assert sum(isinstance(n, (Store, Let)) for n in walk(guarded)) == 2
+    assert block(Block((store,)), store).body == (store, store)
+
+
+def test_a_parallel_loop_is_outlined_from_the_nest():
+    """The parallel loop's body becomes `entry_b*`, its range `entry_p*`, handed to parallel_for;
+    the serial statement before it a function of its own; the serial loop around it stays."""
+    em = Emitter({"x": (2, 3, 4), "out": (2, 3, 4)})
+    k = Var("k")
+    body = block(Store("out", (Const(0, "int64"), Const(0, "int64"), Const(0, "int64")), Const(7.0, "float64")),
+                 nest([(k, 0, 2, Kind.SERIAL), (i, 0, 3, Kind.PARALLEL), (j, 0, 4, Kind.SERIAL)],
+                      Store("out", (k, i, j), Bin(Op.MUL, Load("x", (k, i, j), "float64"), Const(2.0, "float64")))))
+    source = emit.function(em, "run", body)
+    assert "prange" not in source
+    assert "parallel_for(run_p2, 0, 3, k, out, x, iteration=run_b1)" in source  # (buffers in order of use)
+    assert "def run_b1(i, k, out, x):" in source and "def run_s0(out):" in source
+    x, out = np.arange(24.0).reshape(2, 3, 4), np.zeros((2, 3, 4))
+    _run(source, "run", out, x, np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, x * 2)  # (out[0, 0, 0] = 7 came first, then the loop)
+
+
+def test_reversed_and_unrolled_loops_run_their_iterations_in_order():
+    em = Emitter({"out": (5,)})
+    step = Store("out", (i,), Bin(Op.ADD, Load("out", (Bin(Op.ADD, i, Const(1, "int64")),), "float64"),
+                                  Const(1.0, "float64")))
+    backward = For(i, 0, 4, Kind.REVERSED, block(step))  # out[i] = out[i + 1] + 1, i = 3, 2, 1, 0
+    source = emit.function(em, "run", block(backward))
+    assert "range(3, -1, -1)" in source
+    out = np.zeros(5)
+    _run(source, "run", out, np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, [4, 3, 2, 1, 0])
+
+    em = Emitter({"out": (5,)})
+    source = emit.function(em, "run", block(For(i, 1, 4, Kind.UNROLLED, block(Store("out", (i,), Const(1.0, "float64"))))))
+    assert "for " not in source and "i = 3" in source
+    out = np.zeros(5)
+    _run(source, "run", out, np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, [0, 1, 1, 1, 0])
+
+
+def test_writer_builds_loops_and_nests_lines_under_them():
+    w = Writer()
+    w.line("# a comment")
+    w.loop("i", 0, 3, Kind.PARALLEL)
+    w.line("if i > 0:")
+    w.depth += 1
+    w.line("pass")
+    w.depth -= 2
+    w.line("done = 1")
+    tree = w.tree()
+    assert [type(s) for s in tree.body] == [Source, For, Source]
+    loop = tree.body[1]
+    assert loop.kind is Kind.PARALLEL and loop.body == Block((Source("if i > 0:", Block((Source("pass"),))),))
+
+
+# Parameters named like the names generated code uses for itself: the emitter renames them.
+@hd.func
+def _clashes_a(status, acc, vmath, nonneg):
+    r = hd.rdom(3)
+    return hd.compute((status.shape[0] - 2,), lambda t: hd.exp(hd.sum(status[t + r] * acc[r])) * vmath[t]
+                      + nonneg[t + 1] * 2.0, name="clash_a")
+
+
+@hd.func
+def _clashes_b(np, math, checked, kernel, f32_0, h0, range):
+    return hd.compute(np.shape, lambda t: hd.tanh(np[t] * math[t]) + checked[t] * kernel[t] + f32_0[t] * 0.5
+                      + h0[t] / (range[t] * range[t] + 1.0), name="clash_b")
+
+
+def _reference_a(s, a, v, n):
+    return np.exp(np.convolve(s, a[::-1], "valid")) * v[:-2] + n[1:-1] * 2
+
+
+def _reference_b(a, b, c, d, e, f, g):
+    return np.tanh(a * b) + c * d + e * 0.5 + f / (g * g + 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_parameters_named_like_generated_names_compute_and_differentiate(dtype, rng):
+    a = [rng.standard_normal(9).astype(dtype), rng.standard_normal(3).astype(dtype),
+         rng.standard_normal(9).astype(dtype), rng.standard_normal(9).astype(dtype)]
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(_clashes_a(*a), _reference_a(*a), rtol=tol, atol=tol)
+    b = [rng.standard_normal(7).astype(dtype) for _ in range(7)]
+    np.testing.assert_allclose(_clashes_b(*b), _reference_b(*b), rtol=tol, atol=tol)
+    if dtype == np.float64:
+        hd.check_grad(_clashes_a, *a)
+        hd.check_grad(_clashes_b, *b)
+
+
+def test_clashing_parameters_under_parallel_loops(rng, monkeypatch):
+    """Every loop nest parallel: the outlined functions take the renamed parameters too."""
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    b = [rng.standard_normal(7) for _ in range(7)]
+    clashes = hd.func(_clashes_b.fn)  # a trace of its own, compiled under the setting
+    np.testing.assert_allclose(clashes(*b), _reference_b(*b), rtol=1e-12)
+    hd.check_grad(clashes, *b)
+
+
+def _pointwise(shape):
+    from halide_ad.ir import Func
+    vars_ = tuple(Var(f"v{d}") for d in range(len(shape)))
+    return Func("out", vars_, shape, Bin(Op.ADD, Load("x", vars_, "float32"), Const(1.0, "float32")), "float32")
+
+
+def test_lower_pointwise_is_one_serial_loop_per_dimension():
+    f = _pointwise((2, 3))
+    s = lower.pointwise(f)
+    assert [(n.var, n.lo, n.hi, n.kind) for n in loops(s)] == [(f.vars[0], 0, 2, Kind.SERIAL), (f.vars[1], 0, 3, Kind.SERIAL)]
+    assert [n for n in walk(s) if isinstance(n, Store)] == [Store("out", f.vars, f.body)]
+
+
+def test_choose_parallel_marks_the_first_dimension_longer_than_one(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    kinds = [n.kind for n in loops(choose_parallel(lower.pointwise(_pointwise((1, 4, 5)))))]
+    assert kinds == [Kind.SERIAL, Kind.PARALLEL, Kind.SERIAL]
+    assert choose_parallel(lower.pointwise(_pointwise(()))) == lower.pointwise(_pointwise(()))
+
+
+def test_choose_parallel_leaves_small_nests_serial_unless_their_terms_add_up(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1000")
+    small = lower.pointwise(_pointwise((10, 10)))
+    assert all(n.kind is Kind.SERIAL for n in loops(choose_parallel(small)))
+    assert [n.kind for n in loops(choose_parallel(small, terms=10))] == [Kind.PARALLEL, Kind.SERIAL]
+
+
+def _row_sum(n: int, where=None):
+    """acc = sum over r < n of x[i, r] (in float32), stored in out[i]."""
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")
+    return Func("out", (i,), (3,), Reduce("sum", Load("x", (i, r), "float32"), (Range(r, 0, n),), where), "float32")
+
+
+def test_lower_reduction_accumulates_in_reduction_order_then_stores():
+    f = _row_sum(20)
+    s = lower.reduction(f, lower.accumulator(f.body, "acc"))
+    acc = Local("acc", "float32")
+    assert [n.var for n in loops(s)] == [i, Var("r")]
+    assert [n for n in walk(s) if isinstance(n, Accumulate)] == [Accumulate(acc, f.body.body, "sum")]
+    assert Let(acc, Const(0.0, "float32")) in walk(s) and Store("out", (i,), acc) in walk(s)
+    long = _row_sum(lower.LONG_SUM)
+    assert lower.accumulator(long.body, "acc").dtype == "float64"  # float32 partial sums round too often
+
+
+def test_split_accumulators_runs_a_long_contiguous_sum_in_lanes():
+    f = _row_sum(2 * LANES + 3)
+    s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
+    rounds, rest = [n for n in loops(s) if n.var == Var("r")]
+    assert (rounds.lo, rounds.hi, rounds.step) == (0, 2 * LANES, LANES) and (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
+    lanes = [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)]
+    assert lanes == ["acc"] + [f"acc_lane{q}" for q in range(1, LANES)]
+    assert [n.target.name for n in walk(rest) if isinstance(n, Accumulate)] == ["acc"]
+    assert sum(isinstance(n, Let) for n in walk(s)) == LANES  # each lane starts at the identity
+
+
+def test_split_accumulators_keeps_short_masked_and_strided_sums_whole():
+    short = _row_sum(2 * LANES - 1)
+    masked = _row_sum(4 * LANES, where=Bin(Op.LT, Var("r"), i))
+    for f in (short, masked):
+        s = lower.reduction(f, lower.accumulator(f.body, "acc"))
+        assert split_accumulators(s) == s
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")  # reads x[r, i]: a column, no cache line for the lanes to share
+    column = Func("out", (i,), (3,), Reduce("sum", Load("x", (r, i), "float32"), (Range(r, 0, 64),)), "float32")
+    s = lower.reduction(column, lower.accumulator(column.body, "acc"))
+    assert split_accumulators(s) == s
+
+
+def test_lower_extremum_keeps_the_position_of_the_first_extremum():
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")
+    f = Func("out", (i,), (3,), Reduce("argmax", Load("x", (i, r), "float32"), (Range(r, 0, 5),)), "int64")
+    s = lower.extremum_func(f, None, r)
+    arg = Local("arg", "int64")
+    assert [n.var for n in loops(s)] == [i, r]
+    assert Store("out", (i,), arg) in walk(s) and Let(arg, r) in walk(s)
+    assert Let(Local("acc", "float32"), Const(-np.inf, "float32")) in walk(s)
+    kept = Func("m", (i,), (3,), Reduce("min", Load("x", (i, r), "int32"), (Range(r, 0, 5),)), "int32")
+    s = lower.extremum_func(kept, "m_argindex", r)
+    assert [n for n in walk(s) if isinstance(n, Store)] == [Store("m", (i,), Local("acc", "int32")),
+                                                            Store("m_argindex", (i,), arg)]
+    assert Let(Local("acc", "int32"), Const(np.iinfo(np.int32).max, "int32")) in walk(s)
+
+
+def test_lower_scatter_runs_the_solvers_parallel_variable_outermost():
+    from halide_ad.ir import Range, Scatter
+    from halide_ad.solver import Fallback
+    k = Var("k")
+    index = (Bin(Op.MOD, j, Const(4, "int64")), k)
+    s = Scatter("x", index, Load("adj_y", (j, k), "float64"), (Range(j, 0, 9), Range(k, 0, 5)),
+                Bin(Op.LT, k, Const(4, "int64")))
+    nest_ = lower.scatter(Fallback(s, "not injective in j", k), "adj_x", "float64")
+    assert [(n.var, n.kind) for n in loops(nest_)] == [(k, Kind.PARALLEL), (j, Kind.SERIAL)]
+    guard = [n for n in walk(nest_) if isinstance(n, If)]
+    assert len(guard) == 1 and guard[0].then.body == (Accumulate(Load("adj_x", index, "float64"), s.value, augmented=True),)
+    serial = lower.scatter(Fallback(s, "z3 timed out", None), "adj_x", "float64")
+    assert all(n.kind is Kind.SERIAL for n in loops(serial))
+
+
+def _column_mean(rows: int, dtype: str = "float32"):
+    """out[j] = the sum over r of x[r, j]: every read walks memory with j."""
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")
+    return Func("out", (j,), (16,), Reduce("sum", Load("x", (r, j), dtype), (Range(r, 0, rows),)), dtype)
+
+
+def _rows(f, names=None):
+    names = names if names is not None else []
+    nest_ = choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")), lower.terms(f.body))
+    return interchange_rows(nest_, f.dtype, lambda base: names.append(base) or f"{base}{len(names)}")
+
+
+def test_interchange_rows_puts_the_row_loop_inside_the_reduction():
+    f = _column_mean(10)
+    s = _rows(f)
+    assert [n.var for n in loops(s)] == [j, Var("r"), j]  # the first j: each element starts at 0
+    (add,) = [n for n in walk(s) if isinstance(n, Accumulate)]
+    assert add.target == Load("out", (j,), "float32")  # in place: the accumulator is float32 too
+    assert not any(isinstance(n, (Let, Allocate)) for n in walk(s))
+
+
+def test_interchange_rows_accumulates_a_long_float32_sum_in_a_float64_row():
+    names = []
+    s = _rows(_column_mean(lower.LONG_SUM), names)
+    assert names == ["row"]
+    (allocate,) = [n for n in walk(s) if isinstance(n, Allocate)]
+    assert allocate == Allocate("row1", (16,), "float64")
+    (add,) = [n for n in walk(s) if isinstance(n, Accumulate)]
+    assert add.target == Element("row1", (j,), "float64")
+    assert Store("out", (j,), Element("row1", (j,), "float64")) in walk(s)
+
+
+def test_interchange_rows_leaves_row_sums_and_parallel_rows_alone(monkeypatch):
+    f = _row_sum(20)  # reads x[i, r]: the reduction walks the row already
+    s = choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")))
+    assert interchange_rows(s, f.dtype, lambda base: base) == s
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    g = _column_mean(10)  # j is the only dimension: it runs in parallel, so it stays outside
+    s = choose_parallel(lower.reduction(g, lower.accumulator(g.body, "acc")), lower.terms(g.body))
+    assert loops(s)[0].kind is Kind.PARALLEL and interchange_rows(s, g.dtype, lambda base: base) == s
+
+
+def _window(lo: int, hi: int, guards=((), ()), single=None):
+    """acc += y[j, r] over lo <= r < hi: one piece of a gather."""
+    from halide_ad.ir import Range
+    from halide_ad.solver import GatherPiece
+    r = Var("r")
+    return GatherPiece((Range(r, Const(lo, "int64"), Const(hi, "int64")),), guards,
+                       Load("y", (j, r), "float64"), (), single or ())
+
+
+def test_lower_gather_piece_puts_each_level_of_guards_inside_its_loop():
+    outer, inner = Bin(Op.GE, j, Const(1, "int64")), Bin(Op.LT, Var("r"), j)
+    s = lower.gather_piece(_window(0, 4, ((outer,), (inner,))), Local("acc", "float64"))
+    assert isinstance(s, If) and s.cond == (outer,)
+    (loop,) = loops(s)
+    assert loop.kind is Kind.SERIAL and isinstance(loop.body.body[0], If) and loop.body.body[0].cond == (inner,)
+    once = lower.gather_piece(_window(0, 4, single=(True,)), Local("acc", "float64"))
+    assert once.kind is Kind.AT_MOST_ONCE
+
+
+def test_split_accumulators_runs_a_long_window_in_lanes_added_to_acc():
+    acc = Local("acc", "float64")
+    s = split_accumulators(block(lower.gather_piece(_window(0, 2 * LANES + 1), acc)))
+    rounds, rest = loops(s)
+    assert (rounds.step, rounds.hi, rest.lo, rest.hi) == (LANES, 2 * LANES, 2 * LANES, 2 * LANES + 1)
+    assert [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)] == [f"acc_lane{q}" for q in range(LANES)]
+    assert any(isinstance(n, Source) and n.text.startswith("acc += (((acc_lane0 + acc_lane1)") for n in walk(s))
+    guarded = block(lower.gather_piece(_window(0, 4 * LANES, ((), (Bin(Op.LT, Var("r"), j),))), acc))
+    assert split_accumulators(guarded) == guarded  # a guard inside the window keeps one total
+    once = block(lower.gather_piece(_window(0, 4 * LANES, single=(True,)), acc))
+    assert split_accumulators(once) == once
+
+
+@hd.func
+def _stages_named_like_locals(x):
+    """Funcs named like the loads a gradient's boundary regions hoist (h0) and like a float32
+    literal (f32_0): the hoisted `h0 = h0[1]` overwrote the buffer."""
+    c = hd.repeat_edge(x)
+    h = hd.compute(x.shape, lambda t: c[t - 1] * 0.25 + c[t] * 0.5 + c[t + 1] * 0.25, name="h0")
+    e = hd.repeat_edge(h)
+    return hd.compute(x.shape, lambda t: e[t - 1] * e[t] + e[t + 1] * e[t + 1], name="f32_0")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_funcs_named_like_generated_locals(dtype):
+    x = np.linspace(-1, 1, 37).astype(dtype)
+    xp = np.pad(x.astype(np.float64), 1, mode="edge")
+    h = 0.25 * xp[:-2] + 0.5 * xp[1:-1] + 0.25 * xp[2:]
+    hp = np.pad(h, 1, mode="edge")
+    np.testing.assert_allclose(_stages_named_like_locals(x), hp[:-2] * hp[1:-1] + hp[2:] ** 2,
+                               rtol=1e-5 if dtype == np.float32 else 1e-12)
+    if dtype == np.float64:
+        hd.check_grad(_stages_named_like_locals, x)
