@@ -29,7 +29,7 @@ from halide_ad.runtime.inline import inline_adjoints, inline_stages
 from halide_ad.runtime.plans import AdjointPlan, gather_vars
 from halide_ad.runtime.route import route, with_engine
 from halide_ad.runtime.schedule import piece_exprs
-from halide_ad.show import show_scatter
+from halide_ad.show import show, show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
 from halide_ad.traverse import walk
 
@@ -126,10 +126,21 @@ def _dumped(stage: str, items: list):
                          + (" (inlined)" if item.inlined else ""))
             for c in item.contributions:
                 engine = f" [{c.engine}]" if isinstance(c, Contraction) else ""
-                s = c.inverse.scatter if isinstance(c, Contraction) else c.scatter
-                lines.append(f"  [{(c.inverse if isinstance(c, Contraction) else c).form}]{engine} {show_scatter(s)}")
+                inverse = c.inverse if isinstance(c, Contraction) else c
+                lines.append(f"  [{inverse.form}]{engine} {show_scatter(inverse.scatter)}")
+                if isinstance(inverse, Gather):
+                    lines += [f"    {_show_piece(item.new_vars, p)}" for p in inverse.pieces]
         print("\n".join(lines))
     return items
+
+
+def _show_piece(new_vars, piece) -> str:
+    """A gather piece as the sum it adds at each point j: `+= value for loops if guards`."""
+    bound = lambda b: b if isinstance(b, int) else show(b)  # noqa: E731
+    loops = ", ".join(f"{r.var.name} in [{bound(r.lo)}, {bound(r.hi)})" for r in piece.loops)
+    guards = " and ".join(show(g) for level in piece.guards for g in level)
+    at = ", ".join(v.name for v in new_vars)
+    return f"[{at}] += {show(piece.value)}" + (f" for {loops}" if loops else "") + (f" if {guards}" if guards else "")
 
 
 def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, list[AdjointPlan]]:
