@@ -21,7 +21,7 @@ from halide_ad.ir import (Bin, Cast, Const, Func, Load, Op, Program, Range, Redu
 from halide_ad.show import show_func
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.solver.bounds import checked_at_run_time
-from halide_ad.runtime import emit, lower
+from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.gathers import (cut_dims, emit_gather, emit_row_gathers, emit_scatter, gather_terms, gathers_by_rows,
                                        open_loop, split_loop_nest, weighted_sums, wide_gathers)
@@ -35,7 +35,7 @@ from halide_ad.traverse import free_vars, simplify, substitute, walk
 
 def settings() -> tuple:
     """The environment settings that change generated code: keys of cached code include them."""
-    return (parallel_min_points(),)
+    return (parallel_min_points(), schedule.skipped())
 
 
 def _function(em: Emitter, entry: str) -> str:
@@ -57,17 +57,19 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
         if (split := _pointwise_phases(f)) is not None:
             _emit_phased(w, em, f, split)
         elif not isinstance(f.body, Reduce):
-            w.add(emit.resolve(choose_parallel(lower.pointwise(f)), em))
+            w.add(emit.resolve(schedule.run(choose_parallel, lower.pointwise(f)), em))
         elif f.body.op in ("sum", "prod") or f.body.op in ("max", "min") and not f.keeps_argindex:
             em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
-            nest = choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")), lower.terms(f.body))
-            w.add(emit.resolve(split_accumulators(interchange_rows(nest, f.dtype, w.temp)), em))
+            nest = lower.reduction(f, lower.accumulator(f.body, "acc"))
+            nest = schedule.run(choose_parallel, nest, lower.terms(f.body))
+            nest = schedule.run(interchange_rows, nest, f.dtype, w.temp)
+            w.add(emit.resolve(schedule.run(split_accumulators, nest), em))
         else:
             from halide_ad.ad import flat_index
             em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
             nest = lower.extremum_func(f, argindex_name(f.name) if f.keeps_argindex else None,
                                        flat_index(f.body.rvars))
-            w.add(emit.resolve(choose_parallel(nest, lower.terms(f.body)), em))
+            w.add(emit.resolve(schedule.run(choose_parallel, nest, lower.terms(f.body)), em))
         w.depth = depth
     return _function(em, entry), list(em.used), em.checks
 
