@@ -5,11 +5,13 @@
 element, parallel over the outermost useful dimension; runtime/gathers.py), then any fallback
 scatters. Two adjoints may run a plane at a time together (`_stage_depth`).
 
-Being moved into passes (issue 27): the forward pointwise and reduction nests and the fallback
-scatters come from runtime/lower.py, scheduled by runtime/schedule/ (`choose_parallel`,
-`split_accumulators`). The rest still decides its schedule while it writes its statements as
-text lines into a Writer, with the loops around them as For nodes, so that emit.py outlines
-every parallel loop from the nest.
+Being moved into passes (issue 27): every forward nest but the phased ones (pointwise, sums and
+products, max and min, argmax and argmin), a gather's pieces and the fallback scatters come from
+runtime/lower.py, scheduled by the passes of runtime/schedule/ (`choose_parallel`,
+`interchange_rows`, `split_accumulators`). The phased forward nests, the gather loop nests
+(runtime/gathers.py) and the staging here still decide their schedule while they write their
+statements as text lines into a Writer, with the loops around them as For nodes, so that
+emit.py outlines every parallel loop from the nest.
 """
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
 def _pointwise_phases(f: Func) -> Split | None:
     """How to run a pointwise definition that reads through quotients or parities of its
     innermost variables (`x[i // 2]`, a 2x upsampling; a bilinear weight's `i % 2 == 0`): split
-    as the gradient's gathers are (runtime/schedule.py), those dimensions in phases j = s*q + p,
+    as the gradient's gathers are (runtime/schedule/boundary.py), those dimensions in phases j = s*q + p,
     in each of which every quotient is q + a constant and every parity test is decided, so that
     the loads are unit-stride and the loop vectorizes. None where there are no phases to run."""
     if isinstance(f.body, Reduce) or not f.vars or not any(
