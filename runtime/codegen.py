@@ -5,11 +5,13 @@
 element, parallel over the outermost useful dimension; runtime/gathers.py), then any fallback
 scatters. Two adjoints may run a plane at a time together (`_stage_depth`).
 
-Being moved into passes (issue 27): the forward pointwise and reduction nests and the fallback
-scatters come from runtime/lower.py, scheduled by runtime/schedule/ (`choose_parallel`,
-`split_accumulators`). The rest still decides its schedule while it writes its statements as
-text lines into a Writer, with the loops around them as For nodes, so that emit.py outlines
-every parallel loop from the nest.
+Being moved into passes (issue 27): every forward nest but the phased ones (pointwise, sums and
+products, max and min, argmax and argmin), a gather's pieces and the fallback scatters come from
+runtime/lower.py, scheduled by the passes of runtime/schedule/ (`choose_parallel`,
+`interchange_rows`, `split_accumulators`). The phased forward nests, the gather loop nests
+(runtime/gathers.py) and the staging here still decide their schedule while they write their
+statements as text lines into a Writer, with the loops around them as For nodes, so that
+emit.py outlines every parallel loop from the nest.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from halide_ad.ir import (Bin, Cast, Const, Func, Load, Op, Program, Range, Redu
 from halide_ad.show import show_func
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.solver.bounds import checked_at_run_time
-from halide_ad.runtime import emit, lower
+from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.gathers import (cut_dims, emit_gather, emit_row_gathers, emit_scatter, gather_terms, gathers_by_rows,
                                        open_loop, split_loop_nest, weighted_sums, wide_gathers)
@@ -35,7 +37,7 @@ from halide_ad.traverse import flat_index, free_vars, simplify, substitute, walk
 
 def settings() -> tuple:
     """The environment settings that change generated code: keys of cached code include them."""
-    return (parallel_min_points(),)
+    return (parallel_min_points(), schedule.skipped())
 
 
 def _function(em: Emitter, entry: str) -> str:
@@ -57,16 +59,18 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
         if (split := _pointwise_phases(f)) is not None:
             _emit_phased(w, em, f, split)
         elif not isinstance(f.body, Reduce):
-            w.add(emit.resolve(choose_parallel(lower.pointwise(f)), em))
+            w.add(emit.resolve(schedule.run(choose_parallel, lower.pointwise(f)), em))
         elif f.body.op in ("sum", "prod") or f.body.op in ("max", "min") and not f.keeps_argindex:
             em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
-            nest = choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")), lower.terms(f.body))
-            w.add(emit.resolve(split_accumulators(interchange_rows(nest, f.dtype, w.temp)), em))
+            nest = lower.reduction(f, lower.accumulator(f.body, "acc"))
+            nest = schedule.run(choose_parallel, nest, lower.terms(f.body))
+            nest = schedule.run(interchange_rows, nest, f.dtype, w.temp)
+            w.add(emit.resolve(schedule.run(split_accumulators, nest), em))
         else:
             em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
             nest = lower.extremum_func(f, argindex_name(f.name) if f.keeps_argindex else None,
                                        flat_index(f.body.rvars))
-            w.add(emit.resolve(choose_parallel(nest, lower.terms(f.body)), em))
+            w.add(emit.resolve(schedule.run(choose_parallel, nest, lower.terms(f.body)), em))
         w.depth = depth
     return _function(em, entry), list(em.used), em.checks
 
@@ -74,7 +78,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
 def _pointwise_phases(f: Func) -> Split | None:
     """How to run a pointwise definition that reads through quotients or parities of its
     innermost variables (`x[i // 2]`, a 2x upsampling; a bilinear weight's `i % 2 == 0`): split
-    as the gradient's gathers are (runtime/schedule.py), those dimensions in phases j = s*q + p,
+    as the gradient's gathers are (runtime/schedule/boundary.py), those dimensions in phases j = s*q + p,
     in each of which every quotient is q + a constant and every parity test is decided, so that
     the loads are unit-stride and the loop vectorizes. None where there are no phases to run."""
     if isinstance(f.body, Reduce) or not f.vars or not any(

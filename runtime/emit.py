@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 
 from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Reduce, Select, Var, dtype_of,
                           is_float)
-from halide_ad.runtime import lower
+from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.show import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import walk as walk_expr
-
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Element, For, If, Kind, Let, Local,
                                      Source, Stmt, Store, block, walk)
 from halide_ad.runtime.writer import Writer
@@ -393,7 +392,7 @@ class Emitter:
     def reduce_inline(self, r: Reduce) -> str:
         """Hoist a reduction out of an expression: its loop goes before the line that uses it."""
         tmp = self.out.temp("red")
-        self.out.add(resolve(split_accumulators(lower.accumulation(r, lower.accumulator(r, tmp))), self))
+        self.out.add(resolve(schedule.run(split_accumulators, lower.accumulation(r, lower.accumulator(r, tmp))), self))
         return tmp
 
 

@@ -21,7 +21,7 @@ from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, dtype_of
 from halide_ad.show import show
 from halide_ad.affine import Affine
 from halide_ad.solver.bounds import checked_at_run_time, interval
-from halide_ad.runtime import emit, lower
+from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import Bound, Kind, Local, block
@@ -403,7 +403,7 @@ def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], 
             like[key] = like.get(key, 0.0) + product[1]
             continue
         # (a reduction inside the value is computed before the element's sums, outside its guards)
-        piece_nest = split_accumulators(block(lower.gather_piece(piece, Local("acc", acc_dtype))))
+        piece_nest = schedule.run(split_accumulators, block(lower.gather_piece(piece, Local("acc", acc_dtype))))
         w.add(emit.resolve(piece_nest, em, here=False))
 
 

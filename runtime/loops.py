@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from halide_ad.ir import Expr, Load, Var
+from halide_ad.show import show as show_expr
 
 
 class Kind(Enum):
@@ -157,3 +158,45 @@ def nest(loops: list[tuple[Var | str, Bound, Bound, Kind]], body: Stmt) -> Stmt:
 def loops(s: Stmt) -> list[For]:
     """The For nodes in `s`, outermost first."""
     return [n for n in walk(s) if isinstance(n, For)]
+
+
+def show(s: Stmt) -> str:
+    """`s` as text for a person (HALIDE_AD_DUMP): loops with their kind, expressions as
+    `halide_ad.show` writes them."""
+    return "\n".join(_show(s, 0))
+
+
+def _show(s: Stmt, depth: int) -> list[str]:
+    pad = "    " * depth
+    match s:
+        case Block(body):
+            return [line for c in body for line in _show(c, depth)]
+        case For(var, lo, hi, kind, body, step):
+            head = f"{pad}for {_expr(var)} in [{_expr(lo)}, {_expr(hi)}){f' step {step}' if step != 1 else ''}:"
+            return [head + ("" if kind is Kind.SERIAL else f"  # {kind.value}")] + _show(body, depth + 1)
+        case Store(buffer, index, value):
+            return [f"{pad}{buffer}[{', '.join(map(_expr, index))}] = {_expr(value)}"]
+        case Accumulate(target, value, op, augmented):
+            return [f"{pad}{_expr(target)} {'+=' if augmented else f'{op}='} {_expr(value)}"]
+        case Let(var, value):
+            return [f"{pad}{_expr(var)} = {_expr(value)}"]
+        case Allocate(array, shape, dtype):
+            return [f"{pad}{array} = empty({shape}, {dtype})"]
+        case If(cond, then, otherwise):
+            conds = cond if isinstance(cond, tuple) else (cond,)
+            lines = [f"{pad}if {' and '.join(map(_expr, conds))}:"] + _show(then, depth + 1)
+            return lines + ([f"{pad}else:"] + _show(otherwise, depth + 1) if otherwise else [])
+        case Source(text, body):
+            return [pad + text] + _show(body, depth + 1)
+    raise TypeError(f"not a statement: {s!r}")
+
+
+def _expr(e) -> str:
+    match e:
+        case str() | int():
+            return str(e)
+        case Local(name):
+            return name
+        case Element(array, index, _):
+            return f"{array}[{', '.join(map(_expr, index))}]"
+    return show_expr(e)

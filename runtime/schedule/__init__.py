@@ -10,7 +10,31 @@ In the order the forward reductions run them (runtime/codegen.py):
 `boundary.py` is the analysis that splits a gather loop nest into an interior box, the regions
 around it and phases of a strided dimension, and finds separable windows (`interior`, `Split`);
 runtime/gathers.py still writes the loops it decides.
+
+Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
+was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the
+nests a pass returns.
 """
+from __future__ import annotations
+
+import os
+
+from halide_ad.runtime.loops import Stmt, show
 from halide_ad.runtime.schedule.boundary import Separable, Split, interior, piece_exprs
 
-__all__ = ["Separable", "Split", "interior", "piece_exprs"]
+__all__ = ["Separable", "Split", "interior", "piece_exprs", "run", "skipped"]
+
+
+def skipped() -> tuple[str, ...]:
+    """The passes HALIDE_AD_SKIP turns off (they change generated code: cached code keys on it)."""
+    return tuple(sorted(filter(None, os.environ.get("HALIDE_AD_SKIP", "").split(","))))
+
+
+def run(transform, nest: Stmt, *args) -> Stmt:
+    """`transform(nest, *args)`, or `nest` where HALIDE_AD_SKIP names the pass; printed where
+    HALIDE_AD_DUMP names it."""
+    name = transform.__name__
+    out = nest if name in skipped() else transform(nest, *args)
+    if name in os.environ.get("HALIDE_AD_DUMP", "").split(","):
+        print(f"# after {name}{' (skipped)' if name in skipped() else ''}\n{show(out)}")
+    return out

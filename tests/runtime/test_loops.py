@@ -10,6 +10,7 @@ from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, For, If, Kind, Let, Local, Source, Store, block,
                                      loops, nest, walk)
+from halide_ad.runtime.loops import show as loops_show
 from halide_ad.runtime.parallel import parallel_for
 from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
 from halide_ad.runtime.schedule.parallel import choose_parallel
@@ -326,3 +327,27 @@ def test_funcs_named_like_generated_locals(dtype):
                                rtol=1e-5 if dtype == np.float32 else 1e-12)
     if dtype == np.float64:
         hd.check_grad(_stages_named_like_locals, x)
+
+
+def _long_row_sums(x):
+    return hd.compute((x.shape[0],), lambda t: hd.sum(x[t, hd.rdom(x.shape[1])]), name="row_sums")
+
+
+def test_a_skipped_pass_leaves_the_nest_as_it_was_and_a_dumped_one_is_printed(monkeypatch, capsys, rng):
+    """HALIDE_AD_SKIP turns split_accumulators off: one running total, the same sums."""
+    x = rng.standard_normal((3, 4 * LANES + 3))
+    laned = hd.explain(hd.func(_long_row_sums), x).forward_source
+    assert "acc_lane1" in laned
+    monkeypatch.setenv("HALIDE_AD_SKIP", "split_accumulators")
+    monkeypatch.setenv("HALIDE_AD_DUMP", "split_accumulators")
+    f = hd.func(_long_row_sums)
+    assert "acc_lane1" not in hd.explain(f, x).forward_source
+    assert "# after split_accumulators (skipped)" in capsys.readouterr().out
+    np.testing.assert_allclose(f(x), x.sum(1), rtol=1e-12)
+
+
+def test_show_writes_a_nest_with_its_loop_kinds():
+    f = _row_sum(20)
+    text = loops_show(choose_parallel(lower.reduction(f, lower.accumulator(f.body, "acc")), 1 << 20))
+    assert text.splitlines()[0] == "for i in [0, 3):  # parallel"
+    assert "acc sum= x[i, r]" in text and "out[i] = acc" in text
