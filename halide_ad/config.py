@@ -13,10 +13,10 @@ running process (the compiled kernels key on the settings that shape them).
 | HALIDE_AD_PARALLEL_MIN_POINTS | 2**17 | the fewest points of a loop nest that run on the thread pool |
 | HALIDE_AD_POOL_BYTES | 2**30 | bytes of freed buffers kept for reuse (read at import) |
 | HALIDE_AD_Z3_TIMEOUT_MS | 2000 | z3's time limit per query (read at import) |
-| HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, `source` |
+| HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, any schedule pass (`choose_parallel`, ...), `source` |
 | HALIDE_AD_KERNEL_SNAPSHOT | (none) | a folder that keeps every generated kernel's source (tools/kernel_snapshot.py) |
 | HALIDE_AD_SNAPSHOT_CONTEXT | (the running test) | what the snapshot's index says generated each kernel |
-| HALIDE_AD_SKIP | (none) | optional passes to leave out, comma-separated: `route` (engines), `inline` (adjoints), `fuse` (forward) |
+| HALIDE_AD_SKIP | (none) | optional passes to leave out, comma-separated: `route` (engines), `inline` (adjoints), `fuse` (forward), any schedule pass |
 """
 from __future__ import annotations
 
@@ -82,4 +82,8 @@ def snapshot_context() -> str | None:
 
 
 def skipped(name: str) -> bool:
-    return name in os.environ.get("HALIDE_AD_SKIP", "").split(",")
+    return name in skipped_passes()
+
+
+def skipped_passes() -> tuple[str, ...]:
+    return tuple(sorted(filter(None, os.environ.get("HALIDE_AD_SKIP", "").split(","))))

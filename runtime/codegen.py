@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from halide_ad import config
 from halide_ad.ir import (Bin, Cast, Const, Func, Load, Op, Program, Range, Reduce, Var, INDEX_DTYPE, adjoint_name,
                           argindex_name, dtype_of, is_float)
 from halide_ad.show import show_func
@@ -37,7 +38,7 @@ from halide_ad.traverse import flat_index, free_vars, simplify, substitute, walk
 
 def settings() -> tuple:
     """The environment settings that change generated code: keys of cached code include them."""
-    return (parallel_min_points(), schedule.skipped())
+    return (parallel_min_points(), config.skipped_passes())  # HALIDE_AD_SKIP changes generated code
 
 
 def _function(em: Emitter, entry: str) -> str:

@@ -17,24 +17,18 @@ nests a pass returns.
 """
 from __future__ import annotations
 
-import os
-
+from halide_ad import config
 from halide_ad.runtime.loops import Stmt, show
 from halide_ad.runtime.schedule.boundary import Separable, Split, interior, piece_exprs
 
-__all__ = ["Separable", "Split", "interior", "piece_exprs", "run", "skipped"]
-
-
-def skipped() -> tuple[str, ...]:
-    """The passes HALIDE_AD_SKIP turns off (they change generated code: cached code keys on it)."""
-    return tuple(sorted(filter(None, os.environ.get("HALIDE_AD_SKIP", "").split(","))))
+__all__ = ["Separable", "Split", "interior", "piece_exprs", "run"]
 
 
 def run(transform, nest: Stmt, *args) -> Stmt:
     """`transform(nest, *args)`, or `nest` where HALIDE_AD_SKIP names the pass; printed where
     HALIDE_AD_DUMP names it."""
     name = transform.__name__
-    out = nest if name in skipped() else transform(nest, *args)
-    if name in os.environ.get("HALIDE_AD_DUMP", "").split(","):
-        print(f"# after {name}{' (skipped)' if name in skipped() else ''}\n{show(out)}")
+    out = nest if config.skipped(name) else transform(nest, *args)
+    if config.dumped(name):
+        print(f"# after {name}{' (skipped)' if config.skipped(name) else ''}\n{show(out)}")
     return out
