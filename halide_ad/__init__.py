@@ -12,6 +12,7 @@ from halide_ad.functions import (abs, argmax, argmin, atan2, cast, ceil, clamp, 
 from halide_ad.api import Function, func, grad, value_and_grad, vjp
 from halide_ad.explain import explain
 from halide_ad.check import check_grad
+from halide_ad.jvp import jvp
 
 
 def repeat_edge(t: Tensor) -> BoundaryView:
@@ -35,7 +36,7 @@ __all__ = [
     "InternalError", "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "argmax",
     "argmin", "atan2",
     "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "erf", "exp",
-    "explain", "floor", "func", "grad", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
+    "explain", "floor", "func", "grad", "jvp", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
     "mirror", "pow", "prod", "rdom", "relu", "repeat_edge", "round", "rsqrt", "sigmoid", "sign", "sin",
     "sqrt", "stop_gradient", "sum", "tan", "tanh", "value_and_grad", "vjp", "where",
 ]

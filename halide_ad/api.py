@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from halide_ad import ir, tiered
+from halide_ad import capture, ir, tiered
 from halide_ad.ad import without_unused_argindex
 from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
                                 compile_gradient)
@@ -144,6 +144,7 @@ class Traced:
     rebuild: object
     arg_names: list[str]           # buffer name for each positional array argument, else None
     kinds: list[str]
+    captured: tuple = ()           # capture.Captured for each array read from a closure or global
     _grads: dict = field(default_factory=dict)  # wrt -> BackwardRun
     _forward: ForwardRun | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -266,7 +267,12 @@ class Function:
     """What `@hd.func` returns: called with arrays it compiles (once per signature) and runs;
     called while tracing it inlines."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, *, shares=None):
+        if shares is not None:  # the same code as `shares`, with other closure values: its caches
+            self.__dict__.update(shares.__dict__)
+            functools.update_wrapper(self, fn)
+            self.fn = fn
+            return
         if not callable(fn):
             raise TraceError(f"hd.func needs a function, got {type(fn).__name__}")
         functools.update_wrapper(self, fn)
@@ -325,7 +331,11 @@ class Function:
         key = _call_key(args, kwargs)
         call = None if key is None else self._calls.get(key)  # (a dict read needs no lock)
         if call is not None:
-            return call.traced, call.arrays(args, kwargs)
+            if not call.traced.captured:
+                return call.traced, call.arrays(args, kwargs)
+            captured = capture.read(call.traced.captured, self.fn)
+            if captured is not None:
+                return call.traced, call.arrays(args, kwargs) | captured
         self._check_arguments(args, kwargs)
         names = self._param_names(len(args))
         classified = [_classify(n, a) for n, a in zip(names, args, strict=True)]
@@ -338,19 +348,23 @@ class Function:
         arrays = {n: v for n, (k, v) in zip(names, classified, strict=True) if k == "array"}
         arrays |= {n: v for n, (k, v) in kw.items() if k == "array"}
         traced = self._traces.get(signature)
-        if traced is None:
+        captured = None if traced is None else capture.read(traced.captured, self.fn)
+        if captured is None:  # first call of this signature, or a captured array changed shape
             with self._lock:  # one trace per signature, however many threads call it at once
-                traced = self._traces.get(signature)
-                if traced is None:
-                    traced = self._traces[signature] = self._trace(names, classified, kw)
+                traced, captured = self._trace(names, classified, kw)
+                if capture.read(traced.captured, self.fn) is None:
+                    return traced, arrays | captured  # an array found on no path: trace every call
+                self._traces[signature] = traced
+        arrays |= captured
         if key is not None and key == key and all(  # (a NaN option never equals itself)
                 a.dtype.isnative for a in (*args, *kwargs.values()) if type(a) is np.ndarray):
             self._calls[key] = _Call(traced, tuple((k, n) for k, n in enumerate(names) if type(args[k]) is np.ndarray),
                                      tuple(n for n, a in kwargs.items() if type(a) is np.ndarray))
         return traced, arrays
 
-    def _trace(self, names, classified, kw) -> Traced:
-        state = TraceState(getattr(self.fn, "__name__", "fn"))
+    def _trace(self, names, classified, kw) -> tuple[Traced, dict[str, np.ndarray]]:
+        """(the Traced, the captured arrays by buffer name as this trace read them)."""
+        state = TraceState(getattr(self.fn, "__name__", "fn"), root=self.fn)
         for n in list(names) + list(kw):
             state.names.add(n)
 
@@ -382,7 +396,27 @@ class Function:
         program = without_unused_argindex(
             ir.Program(state.name, tuple(state.inputs), _live_funcs(state.funcs, outputs), tuple(outputs)))
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
-        return Traced(program, rebuild, arg_names, [k for k, _ in classified])
+        records, captured = capture.trace_results(state)
+        return _shared(Traced(program, rebuild, arg_names, [k for k, _ in classified], records)), captured
+
+
+_by_program: dict = {}  # (program, arguments, captures, outputs' structure) -> Traced
+_by_program_lock = threading.Lock()
+MAX_SHARED_TRACES = 512
+
+
+def _shared(traced: Traced) -> Traced:
+    """The Traced of an equal program traced before (by another Function of the same code, or
+    before a captured array changed shape and back), whose kernels are built; else `traced`."""
+    key = (traced.program, tuple(traced.arg_names), tuple(traced.kinds), traced.captured,
+           repr(traced.structure()))
+    with _by_program_lock:
+        found = _by_program.get(key)
+        if found is None:
+            if len(_by_program) >= MAX_SHARED_TRACES:
+                _by_program.pop(next(iter(_by_program)))
+            found = _by_program[key] = traced
+    return found
 
 
 _ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "size", "T", "sum", "mean", "max", "min",
@@ -449,11 +483,22 @@ def as_function(fn) -> Function:
         return Function(fn)
     if f is not None:
         return f
+    key = capture.code_key(fn)  # a new lambda of code seen before shares its traces and kernels
     with _wrapped_lock:
         f = _wrapped.get(fn)
         if f is None:
-            f = _wrapped[fn] = Function(fn)
+            first = _by_code.get(key) if key is not None else None
+            f = _wrapped[fn] = Function(fn) if first is None else Function(fn, shares=first)
+            if key is not None and first is None:
+                if len(_by_code) >= MAX_SHARED_TRACES:
+                    _by_code.pop(next(iter(_by_code)))
+                _by_code[key] = f
         return f
+
+
+# capture.code_key -> the first Function of that code (held, with its function, so that a lambda
+# made anew for each call is traced once)
+_by_code: dict = {}
 
 
 # ---- gradients ----------------------------------------------------------------------------------

@@ -117,6 +117,10 @@ def to_node(x, like: str | None = None) -> ir.Expr:
     if isinstance(x, (Tensor, BoundaryView)):
         raise TraceError(f"a whole tensor ({x}) was used where one element is expected; index it, "
                          "e.g. t[i, j], inside hd.compute", user_loc())
+    if isinstance(x, np.ndarray) and x.ndim == 0:  # a captured 0-d array (halide_ad/capture.py)
+        from halide_ad.capture import captured
+        from halide_ad.tensor import element
+        return element(captured(x), ()).node
     raise TraceError(f"cannot use {type(x).__name__} {x!r} in a halide_ad expression", user_loc())
 
 

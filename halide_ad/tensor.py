@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 from halide_ad import ir
+from halide_ad.capture import captured
 from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, user_loc
 from halide_ad.expr import Expr, array_function, array_ufunc, binary, to_node
 from halide_ad.trace import TraceState, current, require
@@ -159,6 +160,8 @@ class BoundaryView:
     __slots__ = ("tensor", "kind", "value")
 
     def __init__(self, tensor: Tensor, kind: str, value=0.0):
+        if isinstance(tensor, np.ndarray) and current() is not None:
+            tensor = captured(tensor)
         if not isinstance(tensor, Tensor):
             raise TraceError(f"hd.{kind} takes a traced hd.Tensor, got {type(tensor).__name__}", user_loc())
         self.tensor, self.kind, self.value = tensor, kind, value
@@ -507,7 +510,9 @@ def _broadcast_element(x, idx: tuple, shape: tuple[int, ...]):
 
 
 def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor:
-    """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`."""
+    """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`. A numpy
+    array among them is a captured input (halide_ad/capture.py)."""
+    args = tuple(captured(a) if isinstance(a, np.ndarray) else a for a in args)
     shape = broadcast_shape(*(a.shape for a in args if is_tensorlike(a)))
     return compute(shape, lambda *idx: scalar_fn(*(_broadcast_element(a, idx, shape) for a in args)),
                    name=name)
