@@ -12,7 +12,8 @@ from halide_ad.functions import (abs, argmax, argmin, atan2, cast, ceil, clamp, 
 from halide_ad.api import Function, func, grad, value_and_grad, vjp
 from halide_ad.explain import explain
 from halide_ad.check import check_grad
-from halide_ad.jvp import jvp
+from halide_ad.jvp import jacfwd, jvp
+from halide_ad.custom import custom_jvp, custom_vjp
 
 
 def repeat_edge(t: Tensor) -> BoundaryView:
@@ -35,8 +36,8 @@ __all__ = [
     "BoundaryView", "BoundsError", "DTypeError", "Expr", "Function", "HalideADError", "HalideADWarning",
     "InternalError", "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "argmax",
     "argmin", "atan2",
-    "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "erf", "exp",
-    "explain", "floor", "func", "grad", "jvp", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
+    "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "custom_jvp", "custom_vjp", "erf", "exp",
+    "explain", "floor", "func", "grad", "jacfwd", "jvp", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
     "mirror", "pow", "prod", "rdom", "relu", "repeat_edge", "round", "rsqrt", "sigmoid", "sign", "sin",
     "sqrt", "stop_gradient", "sum", "tan", "tanh", "value_and_grad", "vjp", "where",
 ]

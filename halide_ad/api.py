@@ -393,8 +393,11 @@ class Function:
                 if leaf.name in outputs or leaf.name in {b.name for b in state.inputs}:
                     leaf = _copy(leaf)  # every output gets a buffer of its own
                 outputs.append(leaf.name)
+        funcs = _live_funcs(state.funcs, outputs, state.overrides)
+        live = {f.name for f in funcs}
+        overrides = tuple(o for o in state.overrides if live & set(o.outputs))
         program = without_unused_argindex(
-            ir.Program(state.name, tuple(state.inputs), _live_funcs(state.funcs, outputs), tuple(outputs)))
+            ir.Program(state.name, tuple(state.inputs), funcs, tuple(outputs), overrides))
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
         records, captured = capture.trace_results(state)
         return _shared(Traced(program, rebuild, arg_names, [k for k, _ in classified], records)), captured
@@ -456,11 +459,15 @@ def _copy(t: Tensor) -> Tensor:
     return compute(t.shape, lambda *i: t[i], name=f"{t.name}_out")
 
 
-def _live_funcs(funcs: list[ir.Func], outputs: list[str]) -> tuple[ir.Func, ...]:
+def _live_funcs(funcs: list[ir.Func], outputs: list[str], overrides=()) -> tuple[ir.Func, ...]:
+    """The Funcs that an output reads, or a custom_vjp rule (`overrides`) of one."""
+    rules = {name: o for o in overrides for name in o.outputs}
     live = set(outputs)
     for f in reversed(funcs):
         if f.name in live:
             live.update(n.buffer for n in walk(f.body) if isinstance(n, ir.Load))
+            if f.name in rules:
+                live.update(n.buffer for s in rules[f.name].scatters for n in walk(s.value) if isinstance(n, ir.Load))
     return tuple(f for f in funcs if f.name in live)
 
 

@@ -249,3 +249,42 @@ def _sum(parts: list) -> Expr | None:
     for p in parts[1:]:
         out = Bin(Op.ADD, out, p)
     return out
+
+
+# ---- dense Jacobians ----------------------------------------------------------------------------
+
+def jacfwd(fn, argnums=0):
+    """A function returning the Jacobian of `fn`, shape out.shape + in.shape, as jax.jacfwd: one
+    `jvp` per element of the input, along each basis vector in turn. Every call runs the same
+    compiled program (only the tangent's values change), so it suits small inputs."""
+    from halide_ad.api import _flatten_values
+    from halide_ad.check import _restructure
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+
+    def jacobian(*args):
+        for k in nums:
+            if not isinstance(k, int) or not -len(args) <= k < len(args):
+                raise NotDifferentiableError(f"hd.jacfwd: argnums={k!r} does not name one of the "
+                                             f"{len(args)} positional argument(s)")
+            if not _is_float_array(args[k]):
+                raise NotDifferentiableError(f"hd.jacfwd: argument {k} is not a float32 or float64 array; "
+                                             "only those have derivatives")
+        tangents = [None] * len(args)
+        jacobians, out = [], None
+        for k in nums:
+            x = args[k]
+            columns = []
+            for j in range(x.size):
+                basis = np.zeros(x.size, x.dtype)
+                basis[j] = 1
+                tangents[k] = basis.reshape(x.shape)
+                out, tangent_out = jvp(fn, tuple(args), tuple(tangents))
+                columns.append(_flatten_values(tangent_out))
+            tangents[k] = None
+            outs = _flatten_values(out)
+            jacobians.append(_restructure(out, [np.stack([c[m] for c in columns], axis=-1).reshape(o.shape + x.shape)
+                                                for m, o in enumerate(outs)]))
+        return jacobians[0] if single else tuple(jacobians)
+
+    return jacobian
