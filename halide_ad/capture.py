@@ -201,9 +201,6 @@ def _value_key(value, depth: int):
     if isinstance(value, types.FunctionType):
         inner = code_key(value, depth + 1)
         return None if inner is None else ("fn", inner)
-    if value is _EMPTY or isinstance(value, (types.ModuleType, type, types.BuiltinFunctionType)):
-        return ("object", value)
-    from halide_ad.api import Function
-    if isinstance(value, Function):
-        return ("object", value)
+    if value is _EMPTY or type(value).__eq__ is object.__eq__ or isinstance(value, (types.ModuleType, type)):
+        return ("object", value)  # compared by identity: an @hd.func, a module, a class, ...
     return None
