@@ -1,15 +1,18 @@
 """Custom derivative rules: `@hd.custom_jvp` with `.defjvp(rule)`, `@hd.custom_vjp` with
 `.defvjp(fwd, bwd)`. Each rule is traced into the program that calls the function.
 
-custom_jvp. Called while tracing, `f(x)` becomes
+custom_jvp. Forward mode (halide_ad/jvp.py) calls the rule on the tangents, at every order. For
+reverse mode, `f(x)` is traced as
 
-    out = stop_gradient(fn(x)) + t_out,    (_, t_out) = rule((x,), (x - stop_gradient(x),))
+    out = stop_gradient(fn(x)) + t_out,    (_, t_out) = rule((m,), (x - stop_gradient(x),))
+    with m = (x + stop_gradient(x)) / 2
 
 The tangent given to the rule is 0 in value with derivative 1 in x, so `out` has fn's value (the
-rule's tangent is linear, so t_out is 0) and every derivative of `out` is the rule's: forward mode
-differentiates it into `rule(x, x_dot)`, and reverse mode into its transpose, the rule's reverse
-mode with respect to its tangents (JAX's linearize-then-transpose). Being an ordinary program,
-it is differentiated again at higher orders. Caveat: an input that is inf or nan makes t_out nan.
+rule's tangent is linear, so t_out is 0) and its gradient is the rule's transpose: reverse mode of
+the rule with respect to its tangents (JAX's linearize-then-transpose). The primal m, x in value
+and 1/2 in derivative, makes the second derivative exact too: with m = x, the rule's dependence
+on its primal would be counted twice. (Third and higher reverse-mode derivatives through the rule
+are not exact.) Caveat: an input that is inf or nan makes t_out nan.
 
 custom_vjp. Called while tracing, `f(x)` runs `fwd(x)`; `bwd` is traced against the cotangent
 of each output (`adj_<out>`), and its results become the inputs' adjoint contributions
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +39,7 @@ class _Custom:
     def __init__(self, fn):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self._running = threading.local()  # inside its own rule, a call is a plain call of fn
 
     @property
     def what(self) -> str:
@@ -44,7 +50,17 @@ class _Custom:
         from halide_ad.trace import current
         if current() is None:
             return as_function(self)(*args)
+        if getattr(self._running, "rule", False):
+            return self.fn(*args)
         return self._traced(tuple(_tensor_or_static(a) for a in args))
+
+    def _rule(self, rule, *args):
+        """rule(*args), inside which this function is plain fn (a rule may call it for its primal)."""
+        self._running.rule = True
+        try:
+            return rule(*args)
+        finally:
+            self._running.rule = False
 
     def _check_returns(self, rule: str, got, count: int):
         if not isinstance(got, (tuple, list)) or len(got) != count:
@@ -74,24 +90,42 @@ class custom_jvp(_Custom):
             raise TraceError(f"the {self.what} has no rule: define one with @{self.fn.__name__}.defjvp",
                              user_loc())
         state = require(self.what)
-        leaves, rebuild = _flatten(self.fn(*args), f"the result of {self.fn.__name__}")
         start = len(state.funcs)
+        leaves, rebuild = _flatten(self.fn(*args), f"the result of {self.fn.__name__}")
         tangents = tuple(compute(a.shape, lambda *i, a=a: a[i] - stop_gradient(a[i]), name=f"{a.name}_t")
                          if _differentiable(a) else None for a in args)
-        sources = {t.name for t in tangents if t is not None}
-        result = self.rule(args, tangents)
-        self._check_returns("the rule", result, 2)
-        _, tangent_out = result
-        t_leaves, _ = _flatten(tangent_out, f"the tangent that the rule of {self.fn.__name__} returns")
-        if len(t_leaves) != len(leaves):
-            raise ShapeError(f"the rule of the {self.what} returned {len(t_leaves)} tangent(s) for "
-                             f"{len(leaves)} output(s); return one per output", user_loc())
-        for k, (p, t) in enumerate(zip(leaves, t_leaves, strict=True)):
-            _check_like(f"tangent {k} returned by the rule of the {self.what}", t, p)
-        _check_linear(state.funcs[start:], sources, self.what)
+        middles = tuple(compute(a.shape, lambda *i, a=a: (a[i] + stop_gradient(a[i])) * 0.5, name=f"{a.name}_m")
+                        if _differentiable(a) else a for a in args)
+        t_leaves = self.tangents(middles, tangents, leaves)
+        _check_linear(state.funcs[start:], {t.name for t in tangents if t is not None}, self.what)
         out = [compute(p.shape, lambda *i, p=p, t=t: stop_gradient(p[i]) + t[i], name=f"{p.name}_custom")
                for p, t in zip(leaves, t_leaves, strict=True)]
+        call = CustomJvpCall(self, args, tuple(leaves), tuple(o.name for o in out))
+        state.custom_jvps.update({f.name: call for f in state.funcs[start:]})
         return rebuild([Tensor(o.buffer) for o in out])
+
+    def tangents(self, primals: tuple, tangents: tuple, outputs: list) -> list:
+        """The leaves of the rule's tangent, checked against the `outputs` they belong to."""
+        from halide_ad.api import _flatten
+        result = self._rule(self.rule, primals, tangents)
+        self._check_returns("the rule", result, 2)
+        t_leaves, _ = _flatten(result[1], f"the tangent that the rule of {self.fn.__name__} returns")
+        if len(t_leaves) != len(outputs):
+            raise ShapeError(f"the rule of the {self.what} returned {len(t_leaves)} tangent(s) for "
+                             f"{len(outputs)} output(s); return one per output", user_loc())
+        for k, (p, t) in enumerate(zip(outputs, t_leaves, strict=True)):
+            _check_like(f"tangent {k} returned by the rule of the {self.what}", t, p)
+        return t_leaves
+
+
+@dataclass(frozen=True, eq=False)
+class CustomJvpCall:
+    """One call of a custom_jvp function while tracing: forward mode applies its rule to the
+    tangents of `args` for the tangents of `outputs` (the Funcs the call returned)."""
+    custom: custom_jvp
+    args: tuple
+    leaves: tuple  # fn's results, which the rule's tangents must match
+    outputs: tuple[str, ...]
 
 
 class custom_vjp(_Custom):
@@ -114,7 +148,7 @@ class custom_vjp(_Custom):
         state = require(self.what)
         start = len(state.funcs)
         _check_arity(self.fwd, len(args), f"fwd of the {self.what}", f"the {len(args)} argument(s) it was called with")
-        result = self.fwd(*args)
+        result = self._rule(self.fwd, *args)
         self._check_returns("fwd", result, 2)
         out, residuals = result
         leaves, rebuild = _flatten(out, f"the output that fwd of the {self.what} returns")
@@ -146,7 +180,7 @@ def _trace_bwd(self: custom_vjp, state, residuals, rebuild, outputs) -> tuple[ob
     sub.inputs += adjoints
     known = {b.name for b in sub.inputs}
     with tracing(sub):
-        cotangents = self.bwd(residuals, rebuild([Tensor(b) for b in adjoints]))
+        cotangents = self._rule(self.bwd, residuals, rebuild([Tensor(b) for b in adjoints]))
     state.names |= sub.names
     state.inputs += [b for b in sub.inputs if b.name not in known]  # arrays bwd captured
     return cotangents, {f.name: f for f in sub.funcs}

@@ -105,6 +105,11 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
     for f in state.funcs[start:]:
         if f.name in tangent_of:
             continue
+        call = state.custom_jvps.get(f.name)
+        if call is not None:  # a Func of a custom_jvp call: its rule gives the outputs' tangents
+            if call.outputs[0] not in tangent_of:
+                _apply_rule(call, tangent_of, state)
+            continue
         body = tangent_body(f, tangent_of, state)
         if body is None:
             continue
@@ -119,6 +124,22 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
     tangent_leaves = [Tensor(state.buffer(tangent_of[leaf.name])) if leaf.name in tangent_of else _zeros(leaf)
                       for leaf in leaves]
     return rebuild(leaves), rebuild(tangent_leaves)
+
+
+def _apply_rule(call, tangent_of: Tangents, state) -> None:
+    """Record in `tangent_of` the tangents of a custom_jvp call's outputs: its rule's, applied to
+    the tangents of its arguments (zeros where they have none)."""
+    from halide_ad.tensor import Tensor
+    tangents = tuple(None if not _is_float_tensor(a) else
+                     Tensor(state.buffer(tangent_of[a.name])) if a.name in tangent_of else _zeros(a)
+                     for a in call.args)
+    for out, t in zip(call.outputs, call.custom.tangents(call.args, tangents, list(call.leaves)), strict=True):
+        tangent_of[out] = t.name
+
+
+def _is_float_tensor(a) -> bool:
+    from halide_ad.tensor import Tensor
+    return isinstance(a, Tensor) and ir.is_float(a.buffer.dtype)
 
 
 def _tangent_tensor(k: int, primal, tangent):
