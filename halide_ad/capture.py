@@ -53,7 +53,7 @@ def captured(array: np.ndarray):
     base = "captured" if path is None else str(path[-1][-1])
     buf = ir.Buffer(state.fresh_name(base), tuple(array.shape), array.dtype.newbyteorder("=").name)
     state.inputs.append(buf)
-    value = np.ascontiguousarray(array, dtype=buf.dtype)
+    value = np.asarray(array, dtype=buf.dtype, order="C")  # native order (ascontiguousarray makes 0-d 1-d)
     state.captured[id(array)] = (buf, array, value, Captured(buf.name, path, buf.shape, buf.dtype))
     return Tensor(buf)
 
@@ -74,7 +74,9 @@ def read(records: tuple[Captured, ...], fn) -> dict[str, np.ndarray] | None:
         value = _follow(fn, c.path)
         if type(value) is not np.ndarray or value.shape != c.shape or value.dtype.name != c.dtype:
             return None
-        out[c.name] = np.ascontiguousarray(value)
+        if not value.dtype.isnative:  # numba reads native byte order only
+            value = value.astype(value.dtype.newbyteorder("="))
+        out[c.name] = np.asarray(value, order="C")
     return out
 
 
