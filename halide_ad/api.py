@@ -270,8 +270,7 @@ class Function:
     def __init__(self, fn, *, shares=None):
         if shares is not None:  # the same code as `shares`, with other closure values: its caches
             self.__dict__.update(shares.__dict__)
-            functools.update_wrapper(self, fn)
-            self.fn = fn
+            self.fn = self.__wrapped__ = fn
             return
         if not callable(fn):
             raise TraceError(f"hd.func needs a function, got {type(fn).__name__}")
@@ -499,12 +498,12 @@ def as_function(fn) -> Function:
             if key is not None and first is None:
                 if len(_by_code) >= MAX_SHARED_TRACES:
                     _by_code.pop(next(iter(_by_code)))
-                _by_code[key] = f
+                _by_code[key] = Function(None, shares=f)  # its caches, not its function's arrays
         return f
 
 
-# capture.code_key -> the first Function of that code (held, with its function, so that a lambda
-# made anew for each call is traced once)
+# capture.code_key -> the caches of the first Function of that code, so that a lambda made anew
+# for each call is traced once
 _by_code: dict = {}
 
 

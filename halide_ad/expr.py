@@ -87,7 +87,8 @@ class Expr:
         raise TraceError(f"`{self.node}` is symbolic and has no Python value while tracing, so Python's "
                          "math module, int(), float() and list indexing cannot use it: use halide_ad's "
                          "math (hd.sin, hd.exp, ...), index tensors, and hd.cast(x, dtype) to change "
-                         "its type", user_loc())
+                         "its type. A numpy array read from a closure or a global cannot be indexed with "
+                         "it either: read it through a boundary view, hd.repeat_edge(a)[i, j]", user_loc())
 
     __int__ = __float__ = __index__ = __complex__ = __iter__ = __array__ = _not_a_number
 

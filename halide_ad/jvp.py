@@ -187,15 +187,27 @@ def tangent_body(f: Func, tangent_of: Tangents, state) -> Expr | None:
         case "sum":
             inner = dot
         case "prod":  # d(prod x_r) = sum over r of x_r_dot * (the product of the others)
-            inner = Bin(Op.MUL, dot, _exclusive_product(body))
+            inner = Bin(Op.MUL, dot, _others_product(f, state))
         case "max" | "min":  # the tangent of the first extremal element
             at = _extremum_position(f, state)
             inner = Select(Bin(Op.EQ, flat_index(body.rvars), at), dot, ir.const(0, f.dtype))
         case _:
             return None
-    from halide_ad.tensor import _lift_reductions
-    dot_body = Reduce("sum", ir.cast(f.dtype, simplify(inner)), body.rvars, body.where, body.loc)
-    return _lift_reductions(state, dot_body, f.vars, f"{f.name}_dot")
+    return Reduce("sum", ir.cast(f.dtype, simplify(inner)), body.rvars, body.where, body.loc)
+
+
+def _others_product(f: Func, state) -> Load:
+    """For a prod reduction, a Func `others[i, r]` of the product of every element but r's (a
+    Reduce is a Func's whole body), read at r."""
+    from halide_ad.tensor import add_func
+    rvars = f.body.rvars
+    at = tuple(Var(state.fresh_name(f"{r.var.name}_at")) for r in rvars)  # r - lo, as a pure variable
+    shifted = {r.var: Bin(Op.ADD, v, ir.const(r.lo)) if r.lo else v for r, v in zip(rvars, at, strict=True)}
+    name = state.fresh_name(f"{f.name}_others")
+    add_func(state, Func(name, f.vars + at, f.shape + tuple(r.extent for r in rvars),
+                         substitute(_exclusive_product(f.body), shifted), f.dtype, f.loc))
+    index = tuple(Bin(Op.SUB, r.var, ir.const(r.lo)) if r.lo else r.var for r in rvars)
+    return Load(name, f.vars + index, f.dtype)
 
 
 def _extremum_position(f: Func, state) -> Load:

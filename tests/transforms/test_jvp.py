@@ -175,3 +175,27 @@ def test_check_grad_modes_and_second_order(rng):
     for modes in (("fwd",), ("rev",), ("rev", "fwd")):
         assert hd.check_grad(stencil, u, "mirror", modes=modes) < 1e-5
     assert hd.check_grad(stencil, u, "mirror", modes=("fwd",), order=2) < 1e-5
+
+
+def test_bad_jvp_arguments(rng):
+    x = rng.standard_normal(3)
+    with pytest.raises(hd.TraceError, match=r"takes tuples, one entry per positional argument"):
+        hd.jvp(stencil, x, x)
+    with pytest.raises(hd.ShapeError, match=r"got 2 primal\(s\) but 1 tangent\(s\)"):
+        hd.jvp(stencil, (x, "mirror"), (x,))
+    with pytest.raises(hd.ShapeError, match=r"tangent 0 has shape \(4,\), but primal 0 has shape \(3,\)"):
+        hd.jvp(lambda u: u * 2.0, (x,), (np.ones(4),))
+
+    @hd.func
+    def mismatched(u):
+        return hd.jvp(lambda a: a * 2.0, (u,), (hd.cast(u, "float32"),))[1]
+    with pytest.raises(hd.DTypeError, match="tangent 0 is float32 but primal 0 is float64"):
+        mismatched(x)
+
+
+def test_indexing_a_captured_array_names_the_fix():
+    table = np.arange(4.0)
+    with pytest.raises(hd.TraceError, match=r"read it through a boundary view, hd.repeat_edge\(a\)\[i, j\]"):
+        hd.func(lambda u: hd.compute(u.shape, lambda i: u[i] * table[i]))(np.ones(4))
+    np.testing.assert_array_equal(
+        hd.func(lambda u: hd.compute(u.shape, lambda i: u[i] * hd.repeat_edge(table)[i]))(np.ones(4)), table)
