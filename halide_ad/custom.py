@@ -113,9 +113,8 @@ class custom_jvp(_Custom):
         if len(t_leaves) != len(outputs):
             raise ShapeError(f"the rule of the {self.what} returned {len(t_leaves)} tangent(s) for "
                              f"{len(outputs)} output(s); return one per output", user_loc())
-        for k, (p, t) in enumerate(zip(outputs, t_leaves, strict=True)):
-            _check_like(f"tangent {k} returned by the rule of the {self.what}", t, p)
-        return t_leaves
+        return [_check_like(f"tangent {k} returned by the rule of the {self.what}", t, p)
+                for k, (p, t) in enumerate(zip(outputs, t_leaves, strict=True))]
 
 
 @dataclass(frozen=True, eq=False)

@@ -82,7 +82,7 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
     """(out, tangent_out) as Tensors in the trace under way."""
     from halide_ad.api import _flatten
     from halide_ad.capture import captured
-    from halide_ad.tensor import BoundaryView, Tensor, compute
+    from halide_ad.tensor import BoundaryView, Tensor, add_func, compute
     from halide_ad.trace import require
     state = require("hd.jvp")
     primals, tangents = _tuples(primals, tangents)
@@ -102,12 +102,14 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
             tangent_of[copy.name] = _tangent_tensor(k, p, t).name
     leaves, rebuild = _flatten(fn(*args), "the result of the function given to hd.jvp")
     overrides = {name: o for o in state.overrides for name in o.outputs}
+    applied: set[int] = set()
     for f in state.funcs[start:]:
         if f.name in tangent_of:
             continue
         call = state.custom_jvps.get(f.name)
         if call is not None:  # a Func of a custom_jvp call: its rule gives the outputs' tangents
-            if call.outputs[0] not in tangent_of:
+            if id(call) not in applied:
+                applied.add(id(call))
                 _apply_rule(call, tangent_of, state)
             continue
         body = tangent_body(f, tangent_of, state)
@@ -118,7 +120,6 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
                 f"hd.jvp reached {overrides[f.name].what}, which has a reverse-mode rule only "
                 "(@hd.custom_vjp): forward mode cannot use it. Define its derivative with "
                 "@hd.custom_jvp and .defjvp(rule) instead; reverse mode then transposes that rule.", f.loc)
-        from halide_ad.tensor import add_func
         name = state.fresh_name(f"{f.name}_dot")
         tangent_of[f.name] = add_func(state, Func(name, f.vars, f.shape, body, f.dtype, f.loc)).name
     tangent_leaves = [Tensor(state.buffer(tangent_of[leaf.name])) if leaf.name in tangent_of else _zeros(leaf)
@@ -130,6 +131,8 @@ def _apply_rule(call, tangent_of: Tangents, state) -> None:
     """Record in `tangent_of` the tangents of a custom_jvp call's outputs: its rule's, applied to
     the tangents of its arguments (zeros where they have none)."""
     from halide_ad.tensor import Tensor
+    if not any(_is_float_tensor(a) and a.name in tangent_of for a in call.args):
+        return  # no tangent reaches it
     tangents = tuple(None if not _is_float_tensor(a) else
                      Tensor(state.buffer(tangent_of[a.name])) if a.name in tangent_of else _zeros(a)
                      for a in call.args)
