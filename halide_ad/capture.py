@@ -203,6 +203,8 @@ def _value_key(value, depth: int):
     if isinstance(value, types.FunctionType):
         inner = code_key(value, depth + 1)
         return None if inner is None else ("fn", inner)
-    if value is _EMPTY or type(value).__eq__ is object.__eq__ or isinstance(value, (types.ModuleType, type)):
-        return ("object", value)  # compared by identity: an @hd.func, a module, a class, ...
-    return None
+    from halide_ad.api import Function
+    from halide_ad.custom import _Custom
+    if value is _EMPTY or isinstance(value, (Function, _Custom, types.ModuleType, type, types.BuiltinFunctionType)):
+        return ("object", value)  # by identity: what tracing reads from these does not change
+    return None  # another object may hold options that tracing reads and the caller changes
