@@ -507,6 +507,15 @@ def as_function(fn) -> Function:
 _by_code: dict = {}
 
 
+def forget_shared_traces() -> None:
+    """Drop the traces and kernels that functions share by their code or by their program (the
+    test suite does, before each test, so that a test that changes a compile setting compiles)."""
+    with _wrapped_lock:
+        _by_code.clear()
+    with _by_program_lock:
+        _by_program.clear()
+
+
 # ---- gradients ----------------------------------------------------------------------------------
 
 def _differentiable(traced: Traced, argnums: tuple[int, ...], fn_name: str) -> tuple[str, ...]:
