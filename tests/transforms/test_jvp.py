@@ -174,7 +174,20 @@ def test_check_grad_modes_and_second_order(rng):
     u = rng.standard_normal((4, 5))
     for modes in (("fwd",), ("rev",), ("rev", "fwd")):
         assert hd.check_grad(stencil, u, "mirror", modes=modes) < 1e-5
-    assert hd.check_grad(stencil, u, "mirror", modes=("fwd",), order=2) < 1e-5
+    assert hd.check_grad(stencil, u, "mirror", order=2) < 1e-5  # forward over forward, reverse over forward
+    with pytest.raises(AssertionError, match="derivative x -> jvp"):  # a wrong second derivative is caught
+        hd.check_grad(wrong_second_derivative, u[0], modes=("fwd",), order=2)
+
+
+@hd.custom_jvp
+def wrong_second_derivative(x):
+    return hd.compute(x.shape, lambda i: hd.sin(x[i]))
+
+
+@wrong_second_derivative.defjvp
+def _wrong_rule(primals, tangents):  # the right first derivative, with a derivative of 0 itself
+    (x,), (t,) = primals, tangents
+    return wrong_second_derivative(x), hd.compute(x.shape, lambda i: hd.cos(hd.stop_gradient(x[i])) * t[i])
 
 
 def test_bad_jvp_arguments(rng):
