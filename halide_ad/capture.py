@@ -170,7 +170,8 @@ def code_key(fn, depth: int = 0) -> tuple | None:
     if not isinstance(fn, types.FunctionType) or depth > MAX_DEPTH:
         return None
     parts = [fn.__code__, id(fn.__globals__)]
-    for value in (*(_cell_value(c) for c in fn.__closure__ or ()), *(fn.__defaults__ or ())):
+    defaults = (*(fn.__defaults__ or ()), *sorted((fn.__kwdefaults__ or {}).items()))
+    for value in (*(_cell_value(c) for c in fn.__closure__ or ()), *defaults):
         part = _value_key(value, depth)
         if part is None:
             return None

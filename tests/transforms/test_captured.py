@@ -136,3 +136,19 @@ def test_captured_array_of_an_unsupported_dtype():
     text = np.array(["a", "b"])
     with pytest.raises(hd.DTypeError, match="captured numpy array has dtype <U1"):
         hd.func(lambda u: u * text)(np.ones(2))
+
+
+def test_static_values_in_a_closure_or_default_are_part_of_the_key(rng, counts):
+    u = rng.standard_normal(3)
+
+    def scaled(s):
+        return lambda u: u * s
+
+    def keyword(s):
+        def f(u, *, scale=s):
+            return u * scale
+        return f
+    for factor in (2.0, 3.0, 2.0):
+        np.testing.assert_allclose(hd.jvp(scaled(factor), (u,), (u,))[0], factor * u)
+        np.testing.assert_allclose(hd.vjp(keyword(factor), u)[1](np.ones(3))[0], np.full(3, factor))
+    assert counts["trace"] == 4  # two functions, two factors each: the third round traces nothing
