@@ -202,3 +202,38 @@ def test_reverse_over_forward_through_a_rule(rng):
     x, t = rng.standard_normal(4), rng.standard_normal(4)
     hvp = hd.grad(lambda x: hd.sum(hd.jvp(softplus, (x,), (t,))[1]))(x)
     np.testing.assert_allclose(hvp, sigmoid(x) * (1 - sigmoid(x)) * t, rtol=1e-12)
+
+
+@hd.custom_jvp
+def power_pair(x, p):
+    """(x ** p, x ** (p + 1)) with a static p."""
+    return hd.compute(x.shape, lambda i: x[i] ** p), hd.compute(x.shape, lambda i: x[i] ** (p + 1))
+
+
+@power_pair.defjvp
+def power_pair_jvp(primals, tangents):
+    (x, p), (t, t_p) = primals, tangents
+    assert t_p is None  # a static argument has no tangent
+    return power_pair(x, p), (hd.compute(x.shape, lambda i: p * x[i] ** (p - 1) * t[i]),
+                              hd.compute(x.shape, lambda i: (p + 1) * x[i] ** p * t[i]))
+
+
+@hd.custom_vjp
+def split_scale(x):
+    return x * 2.0, x * 3.0
+
+
+split_scale.defvjp(lambda x: (split_scale.fn(x), None),
+                   lambda res, g: (hd.compute(g[0].shape, lambda i: 2.0 * g[0][i] + 3.0 * g[1][i]),))
+
+
+def test_several_outputs_and_a_static_argument(rng):
+    x, t = rng.random(4) + 0.5, rng.standard_normal(4)
+    out, tangent = hd.jvp(power_pair, (x, 3), (t, None))
+    np.testing.assert_allclose(out[0], x ** 3)
+    np.testing.assert_allclose(tangent[0], 3 * x ** 2 * t, rtol=1e-12)
+    np.testing.assert_allclose(tangent[1], 4 * x ** 3 * t, rtol=1e-12)
+    assert hd.check_grad(lambda x: power_pair(x, 2), x) < 1e-6
+    c0, c1 = rng.standard_normal(4), rng.standard_normal(4)
+    (g,) = hd.vjp(split_scale, x)[1]((c0, c1))
+    np.testing.assert_allclose(g, 2 * c0 + 3 * c1)
