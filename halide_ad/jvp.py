@@ -73,7 +73,7 @@ def _tangent_array(k: int, primal: np.ndarray, tangent) -> np.ndarray:
                          f"{primal.shape}; a tangent has its primal's shape", user_loc())
     if t.dtype.kind not in "fiu":
         raise DTypeError(f"hd.jvp: tangent {k} has dtype {t.dtype}; use a float array", user_loc())
-    return np.ascontiguousarray(t, dtype=primal.dtype)
+    return np.asarray(t, dtype=primal.dtype, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
 
 
 # ---- inside a trace -----------------------------------------------------------------------------

@@ -212,3 +212,10 @@ def test_indexing_a_captured_array_names_the_fix():
         hd.func(lambda u: hd.compute(u.shape, lambda i: u[i] * table[i]))(np.ones(4))
     np.testing.assert_array_equal(
         hd.func(lambda u: hd.compute(u.shape, lambda i: u[i] * hd.repeat_edge(table)[i]))(np.ones(4)), table)
+
+
+def test_zero_dimensional_primal_and_jacobian(rng):
+    x, s = rng.standard_normal(3), np.array(1.5)
+    out, tangent = hd.jvp(lambda x, s: x * s, (x, s), (np.zeros(3), np.array(2.0)))
+    np.testing.assert_allclose(tangent, 2.0 * x)
+    np.testing.assert_allclose(hd.jacfwd(lambda x, s: x * s, argnums=1)(x, s), x)
