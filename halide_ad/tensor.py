@@ -402,6 +402,8 @@ def rdom(*extents, where=None):
 
 def reduce(op: str, x, axis=None, keepdims: bool = False):
     """On a Tensor: numpy-style reduction over `axis`. On an expression: over its rdom variables."""
+    if isinstance(x, np.ndarray) and current() is not None and current().compute_vars is None:
+        x = captured(x)
     if isinstance(x, Tensor):
         return _reduce_tensor(op, x, axis, keepdims)
     if isinstance(x, BoundaryView):

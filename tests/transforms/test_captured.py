@@ -152,3 +152,13 @@ def test_static_values_in_a_closure_or_default_are_part_of_the_key(rng, counts):
         np.testing.assert_allclose(hd.jvp(scaled(factor), (u,), (u,))[0], factor * u)
         np.testing.assert_allclose(hd.vjp(keyword(factor), u)[1](np.ones(3))[0], np.full(3, factor))
     assert counts["trace"] == 4  # two functions, two factors each: the third round traces nothing
+
+
+def test_hd_functions_and_reductions_of_a_captured_array(rng, counts):
+    u = rng.standard_normal(4)
+    weights = rng.random(4)
+    f = hd.func(lambda u: u * hd.exp(weights) / hd.sum(weights))
+    np.testing.assert_allclose(f(u), u * np.exp(weights) / weights.sum())
+    weights = rng.random(4)
+    np.testing.assert_allclose(f(u), u * np.exp(weights) / weights.sum())
+    assert counts["trace"] == 1  # the captured array is an input, not a constant computed by numpy
