@@ -105,9 +105,10 @@ def _global_names(code: types.CodeType) -> list[str]:
 
 
 def _python_function(obj):
-    """The plain Python function behind `obj` (an @hd.func's), or None."""
+    """The plain Python function behind `obj` (an @hd.func's, a custom rule's), or None."""
     from halide_ad.api import Function
-    if isinstance(obj, Function):
+    from halide_ad.custom import _Custom
+    if isinstance(obj, (Function, _Custom)):
         obj = obj.fn
     return obj if isinstance(obj, types.FunctionType) else None
 
