@@ -237,3 +237,20 @@ def test_several_outputs_and_a_static_argument(rng):
     c0, c1 = rng.standard_normal(4), rng.standard_normal(4)
     (g,) = hd.vjp(split_scale, x)[1]((c0, c1))
     np.testing.assert_allclose(g, 2 * c0 + 3 * c1)
+
+
+def test_the_reverse_mode_form_has_exact_second_derivatives(rng):
+    """custom_jvp's form for reverse mode, stop_gradient(f(x)) + rule(m, x - stop_gradient(x)), written
+    out by hand: with m the midpoint (x + stop_gradient(x)) / 2 its second derivative is f''; with
+    m = x it counts the rule's dependence on x twice."""
+    def form(middle):
+        def f(x):
+            sg = hd.stop_gradient
+            return hd.compute(x.shape, lambda i: sg(hd.log1p(hd.exp(x[i])))
+                              + hd.sigmoid(middle(x[i], sg(x[i]))) * (x[i] - sg(x[i])))
+        return f
+
+    x = rng.standard_normal(4)
+    assert hd.check_grad(form(lambda a, s: (a + s) * 0.5), x, order=2) < 1e-6
+    with pytest.raises(AssertionError, match="of the derivative"):
+        hd.check_grad(form(lambda a, s: a), x, modes=("fwd",), order=2)
