@@ -19,10 +19,14 @@ _EXPORTS = {
                             "relu", "round", "rsqrt", "sigmoid", "sign", "sin", "sqrt", "stop_gradient", "sum",
                             "tan", "tanh", "where"),
     "halide_ad.api": ("Function", "func", "grad", "value_and_grad", "vjp"),
-    "halide_ad.explain": ("explain",),
+    "halide_ad.explanation": ("explain",),
     "halide_ad.check": ("check_grad",),
+    "halide_ad.forward": ("jacfwd", "jvp"),
+    "halide_ad.custom": ("custom_jvp", "custom_vjp"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+# (no name here may be a submodule's as well: importing `halide_ad.<name>` would set the attribute
+# to the module, past __getattr__; tests/test_imports.py checks it)
 
 
 def __getattr__(name: str):

@@ -153,11 +153,19 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
     """The adjoint of every buffer that needs one, outputs first (reverse topological order)."""
     program, _ = clamps_into_extrema(program)
     needs = differentiable_buffers(program, wrt)
+    # a custom_vjp's rule replaces the contributions of the Funcs it made (halide_ad/custom.py)
+    overridden = {name for o in program.overrides for name in o.region}
+    needs -= overridden - {name for o in program.overrides for name in o.outputs}
     contributions: dict[str, list[Scatter]] = {b: [] for b in needs}
     for f in reversed(program.funcs):
-        if f.name in needs:
+        if f.name in needs and f.name not in overridden:
             for s in _func_scatters(f, needs):
                 contributions[s.buffer].append(s)
+    for o in program.overrides:
+        if needs & set(o.outputs):
+            for s in o.scatters:
+                if s.buffer in needs:
+                    contributions[s.buffer].append(s)
     order = [f.name for f in reversed(program.funcs) if f.name in needs] + [
         b.name for b in program.inputs if b.name in needs]
     return [Adjoint(name, program.buffer(name).shape, program.buffer(name).dtype,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from halide_ad import ir, tiered
+from halide_ad import capture, ir, tiered
 from halide_ad.ad import without_unused_argindex
 from halide_ad.compiler import compile_forward, compile_gradient
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
@@ -145,6 +145,7 @@ class Traced:
     rebuild: object
     arg_names: list[str]           # buffer name for each positional array argument, else None
     kinds: list[str]
+    captured: tuple = ()           # capture.Captured for each array read from a closure or global
     _grads: dict = field(default_factory=dict)  # wrt -> BackwardRun
     _forward: ForwardRun | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -267,7 +268,13 @@ class Function:
     """What `@hd.func` returns: called with arrays it compiles (once per signature) and runs;
     called while tracing it inlines."""
 
-    def __init__(self, fn):
+    wraps_python_function = True  # capture.py looks through it to `fn`
+
+    def __init__(self, fn, *, shares=None):
+        if shares is not None:  # the same code as `shares`, with other closure values: its caches
+            self.__dict__.update(shares.__dict__)
+            self.fn = self.__wrapped__ = fn
+            return
         if not callable(fn):
             raise TraceError(f"hd.func needs a function, got {type(fn).__name__}")
         functools.update_wrapper(self, fn)
@@ -326,7 +333,11 @@ class Function:
         key = _call_key(args, kwargs)
         call = None if key is None else self._calls.get(key)  # (a dict read needs no lock)
         if call is not None:
-            return call.traced, call.arrays(args, kwargs)
+            if not call.traced.captured:
+                return call.traced, call.arrays(args, kwargs)
+            captured = capture.read(call.traced.captured, self.fn)
+            if captured is not None:
+                return call.traced, call.arrays(args, kwargs) | captured
         self._check_arguments(args, kwargs)
         names = self._param_names(len(args))
         classified = [_classify(n, a) for n, a in zip(names, args, strict=True)]
@@ -339,19 +350,23 @@ class Function:
         arrays = {n: v for n, (k, v) in zip(names, classified, strict=True) if k == "array"}
         arrays |= {n: v for n, (k, v) in kw.items() if k == "array"}
         traced = self._traces.get(signature)
-        if traced is None:
+        captured = None if traced is None else capture.read(traced.captured, self.fn)
+        if captured is None:  # first call of this signature, or a captured array changed shape
             with self._lock:  # one trace per signature, however many threads call it at once
-                traced = self._traces.get(signature)
-                if traced is None:
-                    traced = self._traces[signature] = self._trace(names, classified, kw)
+                traced, captured = self._trace(names, classified, kw)
+                if capture.read(traced.captured, self.fn) is None:
+                    return traced, arrays | captured  # an array found on no path: trace every call
+                self._traces[signature] = traced
+        arrays |= captured
         if key is not None and key == key and all(  # (a NaN option never equals itself)
                 a.dtype.isnative for a in (*args, *kwargs.values()) if type(a) is np.ndarray):
             self._calls[key] = _Call(traced, tuple((k, n) for k, n in enumerate(names) if type(args[k]) is np.ndarray),
                                      tuple(n for n, a in kwargs.items() if type(a) is np.ndarray))
         return traced, arrays
 
-    def _trace(self, names, classified, kw) -> Traced:
-        state = TraceState(getattr(self.fn, "__name__", "fn"))
+    def _trace(self, names, classified, kw) -> tuple[Traced, dict[str, np.ndarray]]:
+        """(the Traced, the captured arrays by buffer name as this trace read them)."""
+        state = TraceState(getattr(self.fn, "__name__", "fn"), root=self.fn)
         for n in list(names) + list(kw):
             state.names.add(n)
 
@@ -380,10 +395,33 @@ class Function:
                 if leaf.name in outputs or leaf.name in {b.name for b in state.inputs}:
                     leaf = _copy(leaf)  # every output gets a buffer of its own
                 outputs.append(leaf.name)
+        funcs = _live_funcs(state.funcs, outputs, state.overrides)
+        live = {f.name for f in funcs}
+        overrides = tuple(o for o in state.overrides if live & set(o.outputs))
         program = without_unused_argindex(
-            ir.Program(state.name, tuple(state.inputs), _live_funcs(state.funcs, outputs), tuple(outputs)))
+            ir.Program(state.name, tuple(state.inputs), funcs, tuple(outputs), overrides))
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
-        return Traced(program, rebuild, arg_names, [k for k, _ in classified])
+        records, captured = capture.trace_results(state)
+        return _shared(Traced(program, rebuild, arg_names, [k for k, _ in classified], records)), captured
+
+
+_by_program: dict = {}  # (program, arguments, captures, outputs' structure) -> Traced
+_by_program_lock = threading.Lock()
+MAX_SHARED_TRACES = 512
+
+
+def _shared(traced: Traced) -> Traced:
+    """The Traced of an equal program traced before (by another Function of the same code, or
+    before a captured array changed shape and back), whose kernels are built; else `traced`."""
+    key = (traced.program, tuple(traced.arg_names), tuple(traced.kinds), traced.captured,
+           repr(traced.structure()))
+    with _by_program_lock:
+        found = _by_program.get(key)
+        if found is None:
+            if len(_by_program) >= MAX_SHARED_TRACES:
+                _by_program.pop(next(iter(_by_program)))
+            found = _by_program[key] = traced
+    return found
 
 
 _ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "size", "T", "sum", "mean", "max", "min",
@@ -422,11 +460,15 @@ def _copy(t: Tensor) -> Tensor:
     return compute(t.shape, lambda *i: t[i], name=f"{t.name}_out")
 
 
-def _live_funcs(funcs: list[ir.Func], outputs: list[str]) -> tuple[ir.Func, ...]:
+def _live_funcs(funcs: list[ir.Func], outputs: list[str], overrides=()) -> tuple[ir.Func, ...]:
+    """The Funcs that an output reads, or a custom_vjp rule (`overrides`) of one."""
+    rules = {name: o for o in overrides for name in o.outputs}
     live = set(outputs)
     for f in reversed(funcs):
         if f.name in live:
             live.update(n.buffer for n in walk(f.body) if isinstance(n, ir.Load))
+            if f.name in rules:
+                live.update(n.buffer for s in rules[f.name].scatters for n in walk(s.value) if isinstance(n, ir.Load))
     return tuple(f for f in funcs if f.name in live)
 
 
@@ -449,11 +491,31 @@ def as_function(fn) -> Function:
         return Function(fn)
     if f is not None:
         return f
+    key = capture.code_key(fn)  # a new lambda of code seen before shares its traces and kernels
     with _wrapped_lock:
         f = _wrapped.get(fn)
         if f is None:
-            f = _wrapped[fn] = Function(fn)
+            first = _by_code.get(key) if key is not None else None
+            f = _wrapped[fn] = Function(fn) if first is None else Function(fn, shares=first)
+            if key is not None and first is None:
+                if len(_by_code) >= MAX_SHARED_TRACES:
+                    _by_code.pop(next(iter(_by_code)))
+                _by_code[key] = Function(None, shares=f)  # its caches, not its function's arrays
         return f
+
+
+# capture.code_key -> the caches of the first Function of that code, so that a lambda made anew
+# for each call is traced once
+_by_code: dict = {}
+
+
+def forget_shared_traces() -> None:
+    """Drop the traces and kernels that functions share by their code or by their program (the
+    test suite does, before each test, so that a test that changes a compile setting compiles)."""
+    with _wrapped_lock:
+        _by_code.clear()
+    with _by_program_lock:
+        _by_program.clear()
 
 
 # ---- gradients ----------------------------------------------------------------------------------
@@ -604,3 +666,16 @@ def _flatten_values(obj) -> list[np.ndarray]:
     if isinstance(obj, dict):
         return [a for v in obj.values() for a in _flatten_values(v)]
     return [a for v in obj for a in _flatten_values(v)]
+
+
+def restructure(out, leaves):
+    """`leaves` arranged in the structure of `out`."""
+    it = iter(leaves)
+
+    def go(o):
+        if isinstance(o, np.ndarray):
+            return next(it)
+        if isinstance(o, dict):
+            return {k: go(v) for k, v in o.items()}
+        return type(o)(go(v) for v in o)
+    return go(out)

@@ -11,6 +11,7 @@ import numpy as np
 
 import halide_ad
 from halide_ad import ir
+from halide_ad.capture import captured_buffer
 from halide_ad.errors import TraceError, user_loc
 from halide_ad.traverse import PY_OPS, rewrite, simplify_rule
 
@@ -88,7 +89,8 @@ class Expr:
         raise TraceError(f"`{self.node}` is symbolic and has no Python value while tracing, so Python's "
                          "math module, int(), float() and list indexing cannot use it: use halide_ad's "
                          "math (hd.sin, hd.exp, ...), index tensors, and hd.cast(x, dtype) to change "
-                         "its type", user_loc())
+                         "its type. A numpy array read from a closure or a global cannot be indexed with "
+                         "it either: read it through a boundary view, hd.repeat_edge(a)[i, j]", user_loc())
 
     __int__ = __float__ = __index__ = __complex__ = __iter__ = __array__ = _not_a_number
 
@@ -118,6 +120,9 @@ def to_node(x, like: str | None = None) -> ir.Expr:
     if isinstance(x, (Tensor, BoundaryView)):
         raise TraceError(f"a whole tensor ({x}) was used where one element is expected; index it, "
                          "e.g. t[i, j], inside hd.compute", user_loc())
+    if isinstance(x, np.ndarray) and x.ndim == 0:  # a captured 0-d array (halide_ad/capture.py)
+        buf = captured_buffer(x)
+        return ir.Load(buf.name, (), buf.dtype, user_loc())
     raise TraceError(f"cannot use {type(x).__name__} {x!r} in a halide_ad expression", user_loc())
 
 

@@ -8,11 +8,12 @@ from halide_ad import ir
 from halide_ad.errors import TraceError, user_loc
 from halide_ad.expr import Expr, binary, call, select
 from halide_ad.tensor import is_tensorlike, map_elementwise, reduce
+from halide_ad.trace import current
 
 
 def _elementwise(name: str, scalar_fn, numpy_fn):
     def api(*args):
-        if any(is_tensorlike(a) for a in args):
+        if any(is_tensorlike(a) for a in args) or _captures(args):
             return map_elementwise(scalar_fn, args, name)
         if any(isinstance(a, Expr) for a in args):
             return scalar_fn(*args)
@@ -20,6 +21,13 @@ def _elementwise(name: str, scalar_fn, numpy_fn):
     api.__name__ = api.__qualname__ = name
     api.__doc__ = f"hd.{name}: on expressions, on Tensors (elementwise, broadcasting) and on numbers."
     return api
+
+
+def _captures(args) -> bool:
+    """Whether `args` hold a numpy array that the trace under way captures (halide_ad/capture.py):
+    one used whole, outside hd.compute's function."""
+    state = current()
+    return state is not None and state.compute_vars is None and any(isinstance(a, np.ndarray) for a in args)
 
 
 def _unary(name: str, numpy_fn):

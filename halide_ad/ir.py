@@ -190,6 +190,7 @@ class Program:
     inputs: tuple[Buffer, ...]
     funcs: tuple[Func, ...]
     outputs: tuple[str, ...]
+    overrides: tuple[Override, ...] = ()  # custom_vjp rules, for reverse mode
 
     def buffer(self, name: str) -> Buffer:
         for b in self.inputs:
@@ -307,4 +308,15 @@ class Adjoint:
     shape: tuple[int, ...]
     dtype: str
     seeded: bool
+    scatters: tuple[Scatter, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """A custom_vjp rule (halide_ad/custom.py): reverse mode gives the Funcs of `region` no
+    contributions of their own; their inputs' adjoints are `scatters`, which read the adjoints of
+    `outputs` (the region's Funcs that the rest of the program reads)."""
+    what: str  # the function, as errors name it
+    region: tuple[str, ...]
+    outputs: tuple[str, ...]
     scatters: tuple[Scatter, ...]

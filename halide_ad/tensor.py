@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from halide_ad import config, ir
+from halide_ad.capture import captured_buffer
 from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, is_user_frame, user_loc
 from halide_ad.expr import Expr, array_function, array_ufunc, binary, to_node
 from halide_ad.solver.bounds import check_bounds, func_domain, guarded_loads, interval
@@ -174,6 +175,8 @@ class BoundaryView:
     __slots__ = ("tensor", "kind", "value")
 
     def __init__(self, tensor: Tensor, kind: str, value=0.0):
+        if isinstance(tensor, np.ndarray) and current() is not None:
+            tensor = captured(tensor)
         if not isinstance(tensor, Tensor):
             raise TraceError(f"hd.{kind} takes a traced hd.Tensor, got {type(tensor).__name__}", user_loc())
         self.tensor, self.kind, self.value = tensor, kind, value
@@ -271,6 +274,11 @@ def _index_nodes(t: Tensor, index: tuple) -> tuple[ir.Expr, ...]:
                              "be integers (use hd.cast(x, 'int64') or hd.floor first)", user_loc())
         nodes.append(ir.cast(ir.INDEX_DTYPE, node))
     return tuple(nodes)
+
+
+def captured(array: np.ndarray) -> Tensor:
+    """The Tensor over a numpy array that the traced function captured (halide_ad/capture.py)."""
+    return Tensor(captured_buffer(array))
 
 
 def element(t: Tensor, index: tuple) -> Expr:
@@ -425,6 +433,8 @@ def rdom(*extents, where=None):
 
 def reduce(op: str, x, axis=None, keepdims: bool = False):
     """On a Tensor: numpy-style reduction over `axis`. On an expression: over its rdom variables."""
+    if isinstance(x, np.ndarray) and current() is not None and current().compute_vars is None:
+        x = captured(x)
     if isinstance(x, Tensor):
         return _reduce_tensor(op, x, axis, keepdims)
     if isinstance(x, BoundaryView):
@@ -532,7 +542,9 @@ def _broadcast_element(x, idx: tuple, shape: tuple[int, ...]):
 
 
 def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor:
-    """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`."""
+    """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`. A numpy
+    array among them is a captured input (halide_ad/capture.py)."""
+    args = tuple(captured(a) if isinstance(a, np.ndarray) else a for a in args)
     shape = broadcast_shape(*(a.shape for a in args if is_tensorlike(a)))
     return compute(shape, lambda *idx: scalar_fn(*(_broadcast_element(a, idx, shape) for a in args)),
                    name=name)

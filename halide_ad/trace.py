@@ -23,6 +23,10 @@ class TraceState:
     rdom_where: dict[ir.Var, ir.Expr] = field(default_factory=dict)  # rvar -> its rdom's predicate
     compute_vars: tuple[ir.Var, ...] | None = None  # pure vars of the hd.compute being traced
     counter: itertools.count = field(default_factory=itertools.count)
+    root: object = None  # the function being traced, where captured arrays are looked for
+    captured: dict = field(default_factory=dict)  # id(array) -> its record (halide_ad/capture.py)
+    overrides: list[ir.Override] = field(default_factory=list)  # custom_vjp rules (halide_ad/custom.py)
+    custom_jvps: dict = field(default_factory=dict)  # output Func -> its custom_jvp call (custom.py)
 
     def fresh_name(self, base: str, loop_var: bool = False) -> str:
         """A Python identifier, unique in this trace, that reads like `base`. Buffers avoid the

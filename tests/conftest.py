@@ -17,3 +17,11 @@ os.environ.setdefault("HALIDE_AD_TIERED", "0")
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def unshared_traces():
+    """Each test starts without the traces that new lambdas of the same code share (they would
+    keep kernels compiled under another test's settings)."""
+    from halide_ad.api import forget_shared_traces
+    forget_shared_traces()

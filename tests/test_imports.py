@@ -80,3 +80,11 @@ def test_the_ir_and_reverse_mode_import_without_numba_and_z3():
             "print(sorted(m for m in ('numba', 'z3', 'halide_ad.solver', 'halide_ad.runtime') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
+
+
+def test_no_public_name_is_also_a_submodule():
+    """`halide_ad/__init__` loads its names on first use; a submodule of the same name would
+    replace the function (`hd.jvp`) with the module as soon as anything imports it."""
+    import halide_ad
+    submodules = {path.stem for path in (ROOT / "halide_ad").glob("*.py")} | {"ops", "solver", "runtime"}
+    assert not set(halide_ad.__all__) & submodules

@@ -1,0 +1,298 @@
+"""Custom derivative rules: `@hd.custom_jvp` with `.defjvp(rule)`, `@hd.custom_vjp` with
+`.defvjp(fwd, bwd)`. Each rule is traced into the program that calls the function.
+
+custom_jvp. Forward mode (halide_ad/forward.py) calls the rule on the tangents, at every order. For
+reverse mode, `f(x)` is traced as
+
+    out = stop_gradient(fn(x)) + t_out,    (_, t_out) = rule((m,), (x - stop_gradient(x),))
+    with m = (x + stop_gradient(x)) / 2
+
+The tangent given to the rule is 0 in value with derivative 1 in x, so `out` has fn's value (the
+rule's tangent is linear, so t_out is 0) and its gradient is the rule's transpose: reverse mode of
+the rule with respect to its tangents (JAX's linearize-then-transpose). The primal m, x in value
+and 1/2 in derivative, makes the second derivative exact too: with m = x, the rule's dependence
+on its primal would be counted twice. (Third and higher reverse-mode derivatives through the rule
+are not exact.) Caveat: an input that is inf or nan makes t_out nan.
+
+custom_vjp. Called while tracing, `f(x)` runs `fwd(x)`; `bwd` is traced against the cotangent
+of each output (`adj_<out>`), and its results become the inputs' adjoint contributions
+(`ir.Override`), in place of reverse mode's own for the Funcs that fwd made.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from halide_ad import ir
+from halide_ad.api import _flatten, as_function
+from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, TraceError, user_loc
+from halide_ad.functions import stop_gradient
+from halide_ad.ir import Bin, Call, Cast, Expr, Load, Op, Range, Reduce, Scatter, Select
+from halide_ad.tensor import BoundaryView, Tensor, captured, compute
+from halide_ad.trace import TraceState, current, require, tracing
+from halide_ad.traverse import children, is_zero, substitute, walk
+
+
+class _Custom:
+    """A function with a rule: as an @hd.func outside a trace, inlined with its rule inside one."""
+
+    wraps_python_function = True  # capture.py looks through it to `fn`
+
+    def __init__(self, fn):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self._running = threading.local()  # inside its own rule, a call is a plain call of fn
+
+    @property
+    def what(self) -> str:
+        return f"{type(self).__name__} function {getattr(self.fn, '__name__', 'fn')}"
+
+    def __call__(self, *args):
+        if current() is None:
+            return as_function(self)(*args)
+        if getattr(self._running, "rule", False):
+            return self.fn(*args)
+        return self._traced(tuple(_tensor_or_static(a) for a in args))
+
+    def _rule(self, rule, *args):
+        """rule(*args), inside which this function is plain fn (a rule may call it for its primal)."""
+        self._running.rule = True
+        try:
+            return rule(*args)
+        finally:
+            self._running.rule = False
+
+    def _check_returns(self, rule: str, got, count: int):
+        if not isinstance(got, (tuple, list)) or len(got) != count:
+            shown = f"{type(got).__name__} of length {len(got)}" if isinstance(got, (tuple, list)) else \
+                type(got).__name__
+            raise TraceError(f"{rule} of the {self.what} returned a {shown}; it must return a tuple of "
+                             f"{count}", user_loc())
+
+
+class custom_jvp(_Custom):
+    """`fn` with a forward-mode rule `rule(primals, tangents) -> (out, tangent_out)`, linear in
+    the tangents, used in every mode (see the module's docstring)."""
+
+    rule = None
+
+    def defjvp(self, rule):
+        _check_arity(rule, 2, f"the rule of the {self.what}", "(primals, tangents)")
+        self.rule = rule
+        return rule
+
+    def _traced(self, args: tuple):
+        if self.rule is None:
+            raise TraceError(f"the {self.what} has no rule: define one with @{self.fn.__name__}.defjvp",
+                             user_loc())
+        state = require(self.what)
+        start = len(state.funcs)
+        leaves, rebuild = _flatten(self.fn(*args), f"the result of {self.fn.__name__}")
+        tangents = tuple(compute(a.shape, lambda *i, a=a: a[i] - stop_gradient(a[i]), name=f"{a.name}_t")
+                         if _differentiable(a) else None for a in args)
+        middles = tuple(compute(a.shape, lambda *i, a=a: (a[i] + stop_gradient(a[i])) * 0.5, name=f"{a.name}_m")
+                        if _differentiable(a) else a for a in args)
+        t_leaves = self.tangents(middles, tangents, leaves)
+        _check_linear(state.funcs[start:], {t.name for t in tangents if t is not None}, self.what)
+        out = [compute(p.shape, lambda *i, p=p, t=t: stop_gradient(p[i]) + t[i], name=f"{p.name}_custom")
+               for p, t in zip(leaves, t_leaves, strict=True)]
+        call = CustomJvpCall(self, args, tuple(leaves), tuple(o.name for o in out))
+        state.custom_jvps.update({f.name: call for f in state.funcs[start:]})
+        return rebuild([Tensor(o.buffer) for o in out])
+
+    def tangents(self, primals: tuple, tangents: tuple, outputs: list) -> list:
+        """The leaves of the rule's tangent, checked against the `outputs` they belong to."""
+        result = self._rule(self.rule, primals, tangents)
+        self._check_returns("the rule", result, 2)
+        t_leaves, _ = _flatten(result[1], f"the tangent that the rule of {self.fn.__name__} returns")
+        if len(t_leaves) != len(outputs):
+            raise ShapeError(f"the rule of the {self.what} returned {len(t_leaves)} tangent(s) for "
+                             f"{len(outputs)} output(s); return one per output", user_loc())
+        return [_check_like(f"tangent {k} returned by the rule of the {self.what}", t, p)
+                for k, (p, t) in enumerate(zip(outputs, t_leaves, strict=True))]
+
+
+@dataclass(frozen=True, eq=False)
+class CustomJvpCall:
+    """One call of a custom_jvp function while tracing: forward mode applies its rule to the
+    tangents of `args` for the tangents of `outputs` (the Funcs the call returned)."""
+    custom: custom_jvp
+    args: tuple
+    leaves: tuple  # fn's results, which the rule's tangents must match
+    outputs: tuple[str, ...]
+
+
+class custom_vjp(_Custom):
+    """`fn` with a reverse-mode rule: `fwd(*args) -> (out, residuals)` and
+    `bwd(residuals, cotangent) -> one cotangent per positional argument (None where none)`."""
+
+    fwd = bwd = None
+
+    def defvjp(self, fwd, bwd):
+        _check_arity(bwd, 2, f"bwd of the {self.what}", "(residuals, cotangent)")
+        self.fwd, self.bwd = fwd, bwd
+
+    def _traced(self, args: tuple):
+        if self.fwd is None:
+            raise TraceError(f"the {self.what} has no rule: define one with "
+                             f"{self.fn.__name__}.defvjp(fwd, bwd)", user_loc())
+        state = require(self.what)
+        start = len(state.funcs)
+        _check_arity(self.fwd, len(args), f"fwd of the {self.what}", f"the {len(args)} argument(s) it was called with")
+        result = self._rule(self.fwd, *args)
+        self._check_returns("fwd", result, 2)
+        out, residuals = result
+        leaves, rebuild = _flatten(out, f"the output that fwd of the {self.what} returns")
+        outputs = [compute(p.shape, lambda *i, p=p: p[i], name=f"{p.name}_custom") for p in leaves]
+        cotangents, bwd_funcs = _trace_bwd(self, state, residuals, rebuild, outputs)
+        self._check_returns("bwd", cotangents, len(args))
+        scatters = []
+        for k, (a, ct) in enumerate(zip(args, cotangents, strict=True)):
+            if ct is None or not _differentiable(a):
+                continue
+            ct = _check_like(f"cotangent {k} returned by bwd of the {self.what}", ct, a)
+            scatters.append(_contribution(a, ct, bwd_funcs, state))
+        state.overrides.append(ir.Override(self.what, tuple(f.name for f in state.funcs[start:]),
+                                           tuple(o.name for o in outputs), tuple(scatters)))
+        return rebuild([Tensor(o.buffer) for o in outputs])
+
+
+def _trace_bwd(self: custom_vjp, state, residuals, rebuild, outputs) -> tuple[object, dict]:
+    """(bwd(residuals, cotangents), the Funcs it made by name), traced where the cotangent of
+    each output is its adjoint buffer. Its Funcs stay out of the program: the contributions that
+    read them write them out in place."""
+    sub = TraceState(state.name, root=state.root, captured=state.captured)
+    sub.names = set(state.names)
+    sub.var_ranges = dict(state.var_ranges)
+    sub.inputs = list(state.inputs) + [f.buffer for f in state.funcs]
+    adjoints = [ir.Buffer(ir.adjoint_name(o.name), o.buffer.shape, o.buffer.dtype) for o in outputs]
+    sub.inputs += adjoints
+    known = {b.name for b in sub.inputs}
+    with tracing(sub):
+        cotangents = self._rule(self.bwd, residuals, rebuild([Tensor(b) for b in adjoints]))
+    state.names |= sub.names
+    state.inputs += [b for b in sub.inputs if b.name not in known]  # arrays bwd captured
+    return cotangents, {f.name: f for f in sub.funcs}
+
+
+def _contribution(arg, ct, funcs: dict, state) -> Scatter:
+    """adj_<arg>[i] += ct[i], with bwd's Funcs (`funcs`) written out in place."""
+    index = tuple(ir.Var(state.fresh_name(f"{arg.name}_i{d}")) for d in range(arg.ndim))
+
+    def inline(e: Expr) -> Expr:
+        return substitute(e, {n: inline(substitute(funcs[n.buffer].body, dict(zip(funcs[n.buffer].vars, n.index,
+                                                                               strict=True))))
+                              for n in walk(e) if isinstance(n, Load) and n.buffer in funcs})
+
+    value = inline(Load(ct.name, index, ct.buffer.dtype))
+    return Scatter(arg.name, index, value, tuple(Range(v, 0, n) for v, n in zip(index, arg.shape, strict=True)))
+
+
+def _check_arity(fn, count: int, what: str, takes: str) -> None:
+    if not callable(fn):
+        raise TraceError(f"{what} must be a function, got {type(fn).__name__}", user_loc())
+    try:
+        inspect.signature(fn).bind(*range(count))
+    except TypeError:
+        raise TraceError(f"{what}, {getattr(fn, '__name__', fn)}{inspect.signature(fn)}, must take "
+                         f"{takes}", user_loc()) from None
+    except ValueError:  # no signature to check (a builtin): the call will tell
+        pass
+
+
+def _tensor_or_static(a):
+    if isinstance(a, np.ndarray):
+        return captured(a)
+    return a.tensor if isinstance(a, BoundaryView) else a
+
+
+def _differentiable(a) -> bool:
+    return isinstance(a, Tensor) and ir.is_float(a.buffer.dtype)
+
+
+def _check_like(what: str, got, like):
+    """`got` as a Tensor of `like`'s shape and dtype, or a clear error."""
+    got = got.tensor if isinstance(got, BoundaryView) else got
+    if not isinstance(got, Tensor):
+        raise TraceError(f"{what} is a {type(got).__name__}; it must be an hd.Tensor of shape "
+                         f"{tuple(like.shape)}", user_loc())
+    if tuple(got.shape) != tuple(like.shape):
+        raise ShapeError(f"{what} has shape {tuple(got.shape)}; it must have shape {tuple(like.shape)}, "
+                         f"that of {like.name}", user_loc())
+    if got.buffer.dtype != like.buffer.dtype:
+        raise DTypeError(f"{what} is {got.buffer.dtype}; it must be {like.buffer.dtype}, as "
+                         f"{like.name} is (cast it with hd.cast)", user_loc())
+    return got
+
+
+# ---- is a rule's tangent linear in its tangents? ------------------------------------------------
+
+_LINEAR_CALLS = {"neg", "stop_gradient", "checked"}
+
+
+def _check_linear(funcs, sources: set[str], what: str) -> None:
+    """Raise where a Func that the rule made is visibly not linear in the tangents (`sources`):
+    a product or power of tangents, a function of one, a test on one, or a tangent plus a term
+    that is not."""
+    degree = {name: 1 for name in sources}
+    for f in funcs:
+        if f.name in sources:
+            continue
+        try:
+            d = _degree(f.body, degree)
+        except _Nonlinear as e:
+            raise NotDifferentiableError(
+                f"the rule of the {what} is not linear in the tangents: in {f.name}, `{e.args[0]}` "
+                "(a tangent must be a sum of tangents times factors that do not depend on them)",
+                f.loc) from None
+        if d:
+            degree[f.name] = d
+
+
+class _Nonlinear(Exception):
+    pass
+
+
+def _degree(e: Expr, degree: dict[str, int]) -> int:
+    """0 (no tangent in it) or 1 (linear in them); `_Nonlinear(node)` otherwise."""
+    match e:
+        case Load(buffer, index):
+            if any(_degree(i, degree) for i in index):
+                raise _Nonlinear(str(e))
+            return degree.get(buffer, 0)
+        case Bin(Op.ADD | Op.SUB, a, b) | Select(_, a, b):
+            if isinstance(e, Select) and _degree(e.cond, degree):
+                raise _Nonlinear(str(e))
+            da, db = _degree(a, degree), _degree(b, degree)
+            if da != db and not is_zero(a if da == 0 else b):
+                raise _Nonlinear(str(e))
+            return max(da, db)
+        case Bin(Op.MUL, a, b):
+            d = _degree(a, degree) + _degree(b, degree)
+            if d > 1:
+                raise _Nonlinear(str(e))
+            return d
+        case Bin(Op.DIV, a, b):
+            if _degree(b, degree):
+                raise _Nonlinear(str(e))
+            return _degree(a, degree)
+        case Cast(_, v):
+            return _degree(v, degree)
+        case Call(fn, args) if fn in _LINEAR_CALLS:
+            return _degree(args[0], degree)
+        case Reduce(op, body, _, where):
+            d = _degree(body, degree)
+            if (d and op != "sum") or (where is not None and _degree(where, degree)):
+                raise _Nonlinear(str(e))
+            return d
+    if any(_degree(c, degree) for c in _children(e)):
+        raise _Nonlinear(str(e))
+    return 0
+
+
+def _children(e: Expr):
+    return children(e)
