@@ -5,14 +5,14 @@
 
 `target` is a non-differentiated input of the program (SPEC §1b). When a Tensor operation meets an
 ndarray while tracing, `captured` makes it an input buffer and records where the traced function
-finds it: a `Path` of steps from the function object, through closure cells and globals (and
+finds it: a path of steps from the function object, through closure cells and globals (and
 through other functions found there, as `blur`'s own globals). Each later call reads the array
 afresh along that path (`read`), so its current values are used; a different shape or dtype
 retraces. An array found on no path (a temporary computed while tracing, an object's attribute)
 is used with the value it had when traced, and the trace is not reused: every call traces again.
 
 A new lambda per call reuses the traces and kernels of the first (`code_key`): lambdas with the
-same code and equal closures (arrays compared by shape and dtype) share one Function.
+same code and equal closures (arrays compared by shape and dtype) share one Function's caches.
 """
 from __future__ import annotations
 
