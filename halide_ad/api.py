@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from halide_ad import ir, tiered
+from halide_ad import ir, retrace, tiered
 from halide_ad.ad import without_unused_argindex
 from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
                                 compile_gradient)
@@ -148,6 +148,7 @@ class Traced:
     _forward: ForwardRun | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     scalar_gradients: dict = field(default_factory=dict)  # argnums -> _ScalarGradient
+    named: tuple[str, ...] = ()  # the Funcs the user named, that the program keeps (hd.adjoints)
 
     def __post_init__(self):
         program = self.program
@@ -382,7 +383,9 @@ class Function:
         program = without_unused_argindex(
             ir.Program(state.name, tuple(state.inputs), _live_funcs(state.funcs, outputs), tuple(outputs)))
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
-        return Traced(program, rebuild, arg_names, [k for k, _ in classified])
+        kept = {f.name for f in program.funcs}
+        return Traced(program, rebuild, arg_names, [k for k, _ in classified],
+                      named=tuple(n for n in state.named if n in kept))
 
 
 _ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "size", "T", "sum", "mean", "max", "min",
@@ -481,6 +484,8 @@ def _differentiable(traced: Traced, argnums: tuple[int, ...], fn_name: str) -> t
 def vjp(fn, *args, **kwargs):
     """(fn(*args), vjp_fn): vjp_fn(cotangent) returns one gradient per positional argument
     (None for static and integer arguments)."""
+    if current() is not None:  # inside a trace: the gradient becomes Funcs of that program
+        return retrace.vjp(fn, args, kwargs)
     f = as_function(fn)
     traced, arrays = f.trace(args, kwargs)
     buffers = traced.run(arrays)
@@ -568,6 +573,8 @@ def value_and_grad(fn, argnums=0):
 
     def wrapped(*args, **kwargs):
         nonlocal function
+        if current() is not None:  # inside a trace: the gradient becomes Funcs of that program
+            return retrace.value_and_grad(fn, nums, single, args, kwargs)
         if function is None:
             function = as_function(fn)
         traced, arrays = function.trace(args, kwargs)
