@@ -10,6 +10,8 @@ from halide_ad.functions import (abs, argmax, argmin, atan2, cast, ceil, clamp, 
                                  log1p, max, maximum, mean, min, minimum, pow, prod, relu, round, rsqrt,
                                  sigmoid, sign, sin, sqrt, stop_gradient, sum, tan, tanh, where)
 from halide_ad.api import Function, func, grad, value_and_grad, vjp
+from halide_ad.checkpoint import checkpoint
+from halide_ad.compose import adjoints, hessian, jacobian, jacrev
 from halide_ad.explain import explain
 from halide_ad.check import check_grad
 
@@ -31,7 +33,7 @@ def mirror(t: Tensor) -> BoundaryView:
 
 
 __all__ = [
-    "BoundaryView", "BoundsError", "DTypeError", "Expr", "Function", "HalideADError", "HalideADWarning",
+    "BoundaryView", "BoundsError", "adjoints", "checkpoint", "hessian", "jacobian", "jacrev", "DTypeError", "Expr", "Function", "HalideADError", "HalideADWarning",
     "InternalError", "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "argmax",
     "argmin", "atan2",
     "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "erf", "exp",

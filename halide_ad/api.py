@@ -13,6 +13,7 @@ import numpy as np
 
 from halide_ad import ir, retrace, tiered
 from halide_ad.ad import without_unused_argindex
+from halide_ad.checkpoint import Segmented
 from halide_ad.compiler import (AdjointPlan, BackwardRun, ForwardRun, Kernel, compile_forward,
                                 compile_gradient)
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
@@ -149,6 +150,7 @@ class Traced:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     scalar_gradients: dict = field(default_factory=dict)  # argnums -> _ScalarGradient
     named: tuple[str, ...] = ()  # the Funcs the user named, that the program keeps (hd.adjoints)
+    checkpoints: tuple[tuple[str, ...], ...] = ()  # Funcs of each hd.checkpoint call: run by segments
 
     def __post_init__(self):
         program = self.program
@@ -192,6 +194,10 @@ class Traced:
         """The program's inputs among `buffers`, in their declared shapes, copied."""
         return {b.name: np.array(buffers[b.name]).reshape(b.shape) for b in self.program.inputs}
 
+    @functools.cached_property
+    def _segmented(self) -> Segmented:
+        return Segmented(self.program, self.checkpoints)
+
     def forward_kernel(self) -> Kernel:
         return self._forward_run().kernel
 
@@ -219,6 +225,8 @@ class Traced:
 
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The forward pass's buffers: from its kernels, or the interpreter's while they compile."""
+        if self.checkpoints:
+            return self._segmented.forward(arrays)
         if "forward" in self._compiled:
             return self._forward_run()(arrays)
         def warming():
@@ -233,6 +241,8 @@ class Traced:
                     cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """{name: gradient} for `wrt`, from `run`'s buffers: from the kernels, or from the
         interpreter (forward and backward on it) while they compile."""
+        if self.checkpoints:
+            return self._segmented.backward(wrt, buffers, cotangents)
         interpreted = tiered.INTERPRETED in buffers
         if not interpreted and wrt in self._compiled:
             return self.backward(wrt)(buffers, cotangents)
@@ -385,7 +395,8 @@ class Function:
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
         kept = {f.name for f in program.funcs}
         return Traced(program, rebuild, arg_names, [k for k, _ in classified],
-                      named=tuple(n for n in state.named if n in kept))
+                      named=tuple(n for n in state.named if n in kept),
+                      checkpoints=tuple(tuple(n for n in block if n in kept) for block in state.checkpoints))
 
 
 _ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "size", "T", "sum", "mean", "max", "min",

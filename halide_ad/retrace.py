@@ -14,7 +14,8 @@ again by the same path (a Hessian-vector product, reverse over reverse). A scatt
 could not turn into a gather (a data-dependent index) has no form as a gather Func; it is refused
 with NotDifferentiableError.
 
-Semantics follow JAX: the function sees copies of the differentiated arguments; a tensor it reads
+The adjoint of buffer B is the Func `d_B` (never `adj_B`: the compiler names its own adjoint
+buffers so, and this program's gradient has one for every Func). Semantics follow JAX: the function sees copies of the differentiated arguments; a tensor it reads
 from the enclosing trace (a closure) is a constant for this gradient.
 """
 from __future__ import annotations
@@ -124,7 +125,7 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
         body = terms[0] if terms else const(0, adj.dtype)
         for t in terms[1:]:
             body = Bin(Op.ADD, body, t)
-        name = state.fresh_name(f"adj_{adj.buffer}")
+        name = state.fresh_name(f"d_{adj.buffer}")
         body = cast(adj.dtype, simplify(body))
         built[adj.buffer] = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
     return built
@@ -172,7 +173,7 @@ def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, ren
         cond = conjunction(guards)
         return value if cond is None else Select(cond, value, const(0, adj.dtype))
     body = Reduce("sum", value, tuple(ranges[loop.var] for loop in piece.loops), conjunction(bounds + guards))
-    name = state.fresh_name(f"adj_{adj.buffer}_window")
+    name = state.fresh_name(f"d_{adj.buffer}_window")
     func = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
     return Load(func.name, js, adj.dtype)
 
@@ -193,7 +194,7 @@ def _lifted(state: TraceState, value: Expr, guards: list[Expr], ranges: dict[Var
     saved = {v: state.var_ranges[v] for v in ranges if v in state.var_ranges}
     state.var_ranges.update(ranges)
     try:
-        return _lift_reductions(state, value, js, f"adj_{adj.buffer}")
+        return _lift_reductions(state, value, js, f"d_{adj.buffer}")
     finally:
         for v in ranges:
             state.var_ranges.pop(v, None)
