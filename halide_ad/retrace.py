@@ -30,7 +30,7 @@ from halide_ad.solver import Fallback, invert
 from halide_ad.solver.bounds import interval
 from halide_ad.tensor import BoundaryView, Tensor, _lift_reductions, add_func, compute
 from halide_ad.trace import TraceState, current
-from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, walk
+from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
 
 
 class _Traced:
@@ -152,11 +152,15 @@ def _fresh_vars(state: TraceState, adj: Adjoint) -> tuple[Var, ...]:
 def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, rename) -> Expr | None:
     """One gather piece as an expression at the point js: a select, or a load of a Func that sums
     over an rdom with a `where` (the piece's loops); None where the piece is empty."""
-    value = cast(adj.dtype, rename(piece.value))
-    guards = [rename(g) for level in piece.guards for g in level]
+    # The loops' variables become rdom variables, named as the trace names them: a Func inlined
+    # into another (runtime/fusion.py) must not capture its reader's variables.
+    fresh = {loop.var: Var(state.fresh_name("r")) for loop in piece.loops}
+    local = lambda e: substitute(rename(e), fresh)  # noqa: E731
+    value = cast(adj.dtype, local(piece.value))
+    guards = [local(g) for level in piece.guards for g in level]
     ranges = {j: Range(j, 0, n) for j, n in zip(js, adj.shape, strict=True)}
     bounds = []
-    for loop in piece.loops:
+    for loop in (Range(fresh[r.var], local(r.lo), local(r.hi)) for r in piece.loops):
         boxes = {r.var: (r.lo, r.hi - 1) for r in ranges.values()}
         lo, hi = interval(loop.lo, boxes), interval(loop.hi, boxes)
         if lo is None or hi is None:
@@ -172,7 +176,7 @@ def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, ren
     if not piece.loops:
         cond = conjunction(guards)
         return value if cond is None else Select(cond, value, const(0, adj.dtype))
-    body = Reduce("sum", value, tuple(ranges[loop.var] for loop in piece.loops), conjunction(bounds + guards))
+    body = Reduce("sum", value, tuple(ranges[v] for v in fresh.values()), conjunction(bounds + guards))
     name = state.fresh_name(f"d_{adj.buffer}_window")
     func = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
     return Load(func.name, js, adj.dtype)
