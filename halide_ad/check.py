@@ -7,12 +7,16 @@ from halide_ad.errors import DTypeError
 
 
 def check_grad(fn, *args, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1e-8,
-               directions: int = 3, seed: int = 0) -> float:
+               directions: int = 3, seed: int = 0, order: int = 1) -> float:
     """Check <t, vjp(c)> == <(f(x + eps t) - f(x - eps t)) / 2 eps, c> along random directions t.
 
-    Float arguments are promoted to float64. Returns the worst relative error; raises
-    AssertionError describing the worst mismatch.
+    Float arguments are promoted to float64. With `order=2` (or more) the same check runs again on
+    the first-order function `(x, c) -> vjp(c)`, traced as a program of its own (a gradient of a
+    gradient, reverse over reverse), as `jax.test_util.check_grads`. Returns the worst relative
+    error; raises AssertionError describing the worst mismatch.
     """
+    if not isinstance(order, int) or order < 1:
+        raise ValueError(f"check_grad's order must be a positive int, got {order!r}")
     from halide_ad.api import _flatten_values, vjp
     args = tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args)
     float_args = [k for k, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype.kind == "f"]
@@ -44,7 +48,17 @@ def check_grad(fn, *args, eps: float = 1e-6, rtol: float = 1e-5, atol: float = 1
             raise AssertionError(f"gradient mismatch along random direction {d}: finite differences "
                                  f"give {numeric!r}, the gradient gives {analytic!r} "
                                  f"(|difference| {err:.3g} > tolerance {tol:.3g})")
-    return worst[0]
+    if order == 1:
+        return worst[0]
+    count = len(args)
+
+    def first_order(*inputs):  # the arguments, then the cotangents: both differentiated
+        _, pull = vjp(fn, *inputs[:count])
+        return tuple(g for g in pull(_restructure(out, inputs[count:])) if g is not None)
+
+    first_order.__name__ = f"vjp_of_{getattr(fn, '__name__', 'fn')}"
+    return max(worst[0], check_grad(first_order, *args, *cts, eps=eps, rtol=rtol, atol=atol,
+                                    directions=directions, seed=seed + 1, order=order - 1))
 
 
 def _call(fn, args):

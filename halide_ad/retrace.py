@@ -43,13 +43,12 @@ class _Traced:
         self.copies: dict[int, Tensor] = {}
         call_args = list(args)
         for k in diff:
-            a = args[k]
-            if isinstance(a, BoundaryView):
-                a = a.tensor
+            view = args[k] if isinstance(args[k], BoundaryView) else None
+            a = view.tensor if view is not None else args[k]
             if not isinstance(a, Tensor) or not ir.is_float(a.buffer.dtype):
                 continue
-            copy = compute(a.shape, lambda *i, a=a: a[i], name=f"{a.name}_arg")
-            self.copies[k] = call_args[k] = copy
+            copy = self.copies[k] = compute(a.shape, lambda *i, a=a: a[i], name=f"{a.name}_arg")
+            call_args[k] = copy if view is None else BoundaryView(copy, view.kind, view.value)
         start = len(state.funcs)
         result = as_function(fn)(*call_args, **kwargs)
         leaves, self.rebuild = _flatten(result, f"the result of {fn_name}")

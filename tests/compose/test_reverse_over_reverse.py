@@ -237,3 +237,27 @@ def test_bad_arguments_while_tracing(rng):
         hd.func(lambda x: hd.grad(lambda x: x * 2)(x))(x)
     with pytest.raises(hd.NotDifferentiableError, match="int64"):
         hd.func(lambda x, i: hd.grad(lambda x, i: hd.sum(x) * 1.0, argnums=1)(x, i))(x, np.arange(3))
+
+
+def test_check_grad_order_two(rng):
+    """The second-order check runs the first-order check on (x, c) -> vjp(c), traced as a program."""
+    def stencil(x, w):
+        c = hd.mirror(x)
+        return hd.compute(x.shape, lambda i: hd.sin(c[i - 1] * w[0] + c[i + 1] * w[1]) * c[i])
+
+    assert hd.check_grad(stencil, rng.standard_normal(5), rng.standard_normal(2), order=2) < 1e-5
+    with pytest.raises(ValueError, match="order"):
+        hd.check_grad(stencil, rng.standard_normal(5), rng.standard_normal(2), order=0)
+
+
+def test_a_boundary_view_argument_keeps_its_view(rng):
+    x = rng.standard_normal(4)
+
+    def edge_sum(v):
+        return hd.compute((), lambda: v[-1] + v[4] * 2.0)  # reads beyond both ends
+
+    @hd.func
+    def inside(x):
+        return hd.grad(edge_sum)(hd.repeat_edge(x))
+
+    np.testing.assert_allclose(inside(x), [1.0, 0.0, 0.0, 2.0])
