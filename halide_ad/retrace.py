@@ -21,13 +21,16 @@ from the enclosing trace (a closure) is a constant for this gradient.
 from __future__ import annotations
 
 import numbers
+from dataclasses import replace
 
 from halide_ad import ir
 from halide_ad.ad import Adjoint, reverse_mode
 from halide_ad.errors import NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.ir import Bin, Expr, Func, Load, Op, Range, Reduce, Select, Var, cast, const
 from halide_ad.solver import Fallback, invert
+from halide_ad.solver.affine import Affine, linear_form
 from halide_ad.solver.bounds import interval
+from halide_ad.solver.invert import GatherPiece
 from halide_ad.tensor import BoundaryView, Tensor, _lift_reductions, add_func, compute
 from halide_ad.trace import TraceState, current
 from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
@@ -151,6 +154,7 @@ def _fresh_vars(state: TraceState, adj: Adjoint) -> tuple[Var, ...]:
 def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, rename) -> Expr | None:
     """One gather piece as an expression at the point js: a select, or a load of a Func that sums
     over an rdom with a `where` (the piece's loops); None where the piece is empty."""
+    piece = _pinned_loops_fixed(piece)
     # The loops' variables become rdom variables, named as the trace names them: a Func inlined
     # into another (runtime/fusion.py) must not capture its reader's variables.
     fresh = {loop.var: Var(state.fresh_name("r")) for loop in piece.loops}
@@ -179,6 +183,39 @@ def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, ren
     name = state.fresh_name(f"d_{adj.buffer}_window")
     func = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
     return Load(func.name, js, adj.dtype)
+
+
+def _pinned_loops_fixed(piece: GatherPiece) -> GatherPiece:
+    """`piece` with each loop that a guard inside it pins to one value (`x - 63 == 0`: a clamp's
+    edge strip, read by every x past the edge) replaced by that value, the loop's bounds kept as
+    guards: a loop over the whole axis for one point would cost a pass over the axis per point."""
+    k = 0
+    while k < len(piece.loops):
+        loop = piece.loops[k]
+        inner = {r.var for r in piece.loops[k:]}
+        value = next((v for g in piece.guards[k + 1] if (v := _pinned(g, loop.var)) is not None
+                      and not free_vars(v) & inner), None)
+        if value is None:
+            k += 1
+            continue
+        fixed = piece.fixing(k, value)
+        bounds = (simplify(Bin(Op.LE, loop.lo, value)), simplify(Bin(Op.LT, value, loop.hi)))
+        guards = list(fixed.guards)
+        guards[k] = guards[k] + bounds
+        piece = replace(fixed, guards=tuple(guards))
+    return piece
+
+
+def _pinned(guard: Expr, var: Var) -> Expr | None:
+    """The value of `var` where `guard`, an equation linear in it with coefficient 1 or -1, holds."""
+    if not (isinstance(guard, Bin) and guard.op is Op.EQ):
+        return None
+    form = linear_form(Bin(Op.SUB, guard.lhs, guard.rhs))
+    if form is None or form[0].get(var) not in (1, -1):
+        return None
+    coefficients, constant = form
+    c = coefficients[var]  # var = -(rest) / c, and 1 / c == c
+    return Affine.of({v: -a * c for v, a in coefficients.items() if v != var and a}, -constant * c).to_expr()
 
 
 def _lifted(state: TraceState, value: Expr, guards: list[Expr], ranges: dict[Var, Range], js,
