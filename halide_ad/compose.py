@@ -15,26 +15,10 @@ import numpy as np
 
 from halide_ad import ir
 from halide_ad.ad import differentiable_buffers
-from halide_ad.api import _cotangents, _differentiable, as_function, grad, vjp
+from halide_ad.api import _cotangents, _differentiable, _flatten_values, as_function, grad, vjp
+from halide_ad.check import _restructure
 from halide_ad.errors import NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.trace import current
-
-
-def _leaves(obj) -> list[np.ndarray]:
-    if isinstance(obj, dict):
-        return [a for v in obj.values() for a in _leaves(v)]
-    if isinstance(obj, (tuple, list)):
-        return [a for v in obj for a in _leaves(v)]
-    return [np.asarray(obj)]
-
-
-def _rebuild(obj, leaves: list):
-    """`leaves` (an iterator) in the structure of `obj`."""
-    if isinstance(obj, dict):
-        return {k: _rebuild(v, leaves) for k, v in obj.items()}
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_rebuild(v, leaves) for v in obj)
-    return next(leaves)
 
 
 def jacrev(fn, argnums=0):
@@ -54,20 +38,20 @@ def jacrev(fn, argnums=0):
         traced, _ = as_function(fn).trace(args, kwargs)
         _differentiable(traced, nums, name)  # argnums that name float arrays, or a clear error
         out, vjp_fn = vjp(fn, *args, **kwargs)
-        outs = _leaves(out)
+        outs = _flatten_values(out)
         rows = []  # per output leaf: per argnum, the gradient of each of its elements
         for k, leaf in enumerate(outs):
             per_arg = [[] for _ in nums]
             for e in range(leaf.size):
                 seeds = [np.zeros(o.shape, o.dtype if ir.is_float(o.dtype.name) else "float64") for o in outs]
                 seeds[k].reshape(-1)[e] = 1
-                grads = vjp_fn(_rebuild(out, iter(seeds)))
+                grads = vjp_fn(_restructure(out, seeds))
                 for a, n in enumerate(nums):
                     per_arg[a].append(grads[n])
             jac = tuple(np.stack(g).reshape(leaf.shape + np.shape(args[n]))
                         for g, n in zip(per_arg, nums, strict=True))
             rows.append(jac[0] if single else jac)
-        return _rebuild(out, iter(rows))
+        return _restructure(out, rows)
 
     return jacobian
 

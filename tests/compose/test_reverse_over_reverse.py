@@ -58,6 +58,19 @@ def test_hvp_matches_torch_and_finite_differences_of_the_gradient(problem):
     assert np.abs(hv).max() > 0.1  # (boundary pixels included: the whole array is compared)
 
 
+def test_hvp_of_a_single_row_and_of_non_contiguous_arrays(problem):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    u, target, v = (rng.standard_normal((1, 4)) for _ in range(3))
+    tt = torch.tensor(target)
+    _, expected = torch.autograd.functional.hvp(lambda x: torch_energy(x, tt), torch.tensor(u), torch.tensor(v))
+    np.testing.assert_allclose(hvp(u, target, v), expected.numpy(), rtol=1e-10, atol=1e-12)
+    u, target, v, _ = problem
+    strided = [np.repeat(a, 2, axis=1)[:, ::2] for a in (u, target, v)]
+    assert not strided[0].flags.c_contiguous
+    np.testing.assert_array_equal(hvp(*strided), hvp(u, target, v))
+
+
 def test_hvp_is_symmetric(problem):
     u, target, v, w = problem
     assert np.isclose(np.vdot(w, hvp(u, target, v)), np.vdot(v, hvp(u, target, w)), rtol=1e-12)
