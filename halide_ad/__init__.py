@@ -33,11 +33,11 @@ def mirror(t: Tensor) -> BoundaryView:
 
 
 __all__ = [
-    "BoundaryView", "BoundsError", "adjoints", "checkpoint", "hessian", "jacobian", "jacrev", "DTypeError", "Expr", "Function", "HalideADError", "HalideADWarning",
-    "InternalError", "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "argmax",
-    "argmin", "atan2",
-    "cast", "ceil", "check_grad", "clamp", "compute", "constant_exterior", "cos", "erf", "exp",
-    "explain", "floor", "func", "grad", "log", "log1p", "max", "maximum", "mean", "min", "minimum",
-    "mirror", "pow", "prod", "rdom", "relu", "repeat_edge", "round", "rsqrt", "sigmoid", "sign", "sin",
-    "sqrt", "stop_gradient", "sum", "tan", "tanh", "value_and_grad", "vjp", "where",
+    "BoundaryView", "BoundsError", "DTypeError", "Expr", "Function", "HalideADError", "HalideADWarning",
+    "InternalError", "NotDifferentiableError", "ShapeError", "Tensor", "TraceError", "abs", "adjoints",
+    "argmax", "argmin", "atan2", "cast", "ceil", "check_grad", "checkpoint", "clamp", "compute",
+    "constant_exterior", "cos", "erf", "exp", "explain", "floor", "func", "grad", "hessian", "jacobian",
+    "jacrev", "log", "log1p", "max", "maximum", "mean", "min", "minimum", "mirror", "pow", "prod", "rdom",
+    "relu", "repeat_edge", "round", "rsqrt", "sigmoid", "sign", "sin", "sqrt", "stop_gradient", "sum",
+    "tan", "tanh", "value_and_grad", "vjp", "where",
 ]

@@ -16,7 +16,8 @@ canonically, so the blocks of a deep pipeline share their kernels):
 Peak memory then holds the other segments' buffers, the block outputs, and one block's
 intermediates and adjoints at a time. The gradient is the same computation, split at the block
 boundaries (kernels may fuse differently across them, so float32 sums may round differently).
-`hd.explain` shows the program whole, as without checkpoints.
+`hd.explain` shows the program whole, as without checkpoints. Segments always run their compiled
+kernels: a program with checkpoints has no interpreter tier (halide_ad/tiered.py) on its first calls.
 """
 from __future__ import annotations
 
@@ -93,7 +94,8 @@ class Segmented:
         self.program = program
         self.segments = []
         for k, (block, funcs) in enumerate(groups):
-            later = {n.buffer for _, fs in groups[k + 1:] for f in fs for n in walk(f.body) if isinstance(n, ir.Load)}
+            later = {n.buffer for _, fs in groups[k + 1:] for f in fs for n in walk(f.body)
+                     if isinstance(n, ir.Load)}
             outputs = tuple(f.name for f in funcs if f.name in later or f.name in program.outputs)
             defined = {f.name for f in funcs}
             read = dict.fromkeys(n.buffer for f in funcs for n in walk(f.body)
@@ -125,7 +127,8 @@ class Segmented:
         adjoints = {n: np.asarray(c) for n, c in cotangents.items()}
         for seg, saved in zip(reversed(self.segments), reversed(buffers[SEGMENTS]), strict=True):
             back = {c: n for n, c in seg.names.items()}
-            sub_wrt = tuple(b.name for b in seg.program.inputs if back[b.name] in needs and ir.is_float(b.dtype))
+            sub_wrt = tuple(b.name for b in seg.program.inputs
+                            if back[b.name] in needs and ir.is_float(b.dtype))
             outputs = [seg.program.func(o) for o in seg.program.outputs]
             seeds = {o.name: adjoints.pop(back[o.name], None) for o in outputs}
             if not sub_wrt:
@@ -138,14 +141,15 @@ class Segmented:
                 if name in sub_wrt:
                     n = back[name]
                     adjoints[n] = g if n not in adjoints else adjoints[n] + g.reshape(adjoints[n].shape)
-        return {w: adjoints[w] if w in adjoints else np.zeros(self.program.buffer(w).shape, self.program.buffer(w).dtype)
-                for w in wrt}
+        zeros = lambda b: np.zeros(b.shape, b.dtype)  # noqa: E731 (a wrt that reaches no output)
+        return {w: adjoints[w] if w in adjoints else zeros(self.program.buffer(w)) for w in wrt}
 
 
 def _canonical(sub: ir.Program, recompute: bool) -> _Segment:
     """`sub` with its buffers named in0, in1, ... and t0, t1, ..., and each Func's variables v0, ...
     and r0, ...: the same block traced twice gives equal programs, which share their kernels."""
-    names = {b.name: f"in{k}" for k, b in enumerate(sub.inputs)} | {f.name: f"t{k}" for k, f in enumerate(sub.funcs)}
+    names = ({b.name: f"in{k}" for k, b in enumerate(sub.inputs)}
+             | {f.name: f"t{k}" for k, f in enumerate(sub.funcs)})
 
     def rename(e: ir.Expr, env: dict[ir.Var, ir.Var]) -> ir.Expr:
         def rule(n: ir.Expr):
@@ -163,7 +167,8 @@ def _canonical(sub: ir.Program, recompute: bool) -> _Segment:
         env = {v: ir.Var(f"v{k}") for k, v in enumerate(f.vars)}
         rvars = [r.var for n in walk(f.body) if isinstance(n, ir.Reduce) for r in n.rvars]
         env |= {v: ir.Var(f"r{k}") for k, v in enumerate(dict.fromkeys(rvars))}
-        funcs.append(replace(f, name=names[f.name], vars=tuple(env[v] for v in f.vars), body=rename(f.body, env)))
+        funcs.append(replace(f, name=names[f.name], vars=tuple(env[v] for v in f.vars),
+                             body=rename(f.body, env)))
     program = ir.Program("segment", tuple(replace(b, name=names[b.name]) for b in sub.inputs), tuple(funcs),
                          tuple(names[o] for o in sub.outputs))
     return _Segment(program, names, tuple(b.name for b in sub.inputs), recompute)

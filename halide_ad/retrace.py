@@ -15,7 +15,8 @@ could not turn into a gather (a data-dependent index) has no form as a gather Fu
 with NotDifferentiableError.
 
 The adjoint of buffer B is the Func `d_B` (never `adj_B`: the compiler names its own adjoint
-buffers so, and this program's gradient has one for every Func). Semantics follow JAX: the function sees copies of the differentiated arguments; a tensor it reads
+buffers so, and this program's gradient has one for every Func). Semantics follow JAX: the
+function sees copies of the differentiated arguments; a tensor it reads
 from the enclosing trace (a closure) is a constant for this gradient.
 """
 from __future__ import annotations
@@ -228,7 +229,8 @@ def _lifted(state: TraceState, value: Expr, guards: list[Expr], ranges: dict[Var
         if not isinstance(n, Reduce):
             return None
         mine = [g for g in guards if free_vars(g) <= free_vars(n)]
-        return Reduce(n.op, n.body, n.rvars, conjunction(([n.where] if n.where is not None else []) + mine), n.loc)
+        where = conjunction(([n.where] if n.where is not None else []) + mine)
+        return Reduce(n.op, n.body, n.rvars, where, n.loc)
 
     value = rewrite(value, guarded)
     saved = {v: state.var_ranges[v] for v in ranges if v in state.var_ranges}

@@ -57,7 +57,7 @@ def test_block_intermediates_are_not_kept_for_the_backward_pass(uw):
     traced, arrays = hd.func(deep).trace((u, w, True), {})
     assert len(traced.checkpoints) == 3
     buffers = traced.run(arrays)
-    intermediates = {n for block_funcs in traced.checkpoints for n in block_funcs[:-1]}  # the last: the output
+    intermediates = {n for funcs in traced.checkpoints for n in funcs[:-1]}  # the last: the output
     assert intermediates and not intermediates & buffers.keys()
     assert any(s is None for s in buffers[SEGMENTS])  # the checkpointed segments saved nothing
     plain, plain_arrays = hd.func(deep).trace((u, w, False), {})
