@@ -339,9 +339,10 @@ def _map_values(c, fn):
     return c
 
 
-def _gather_vars(adj: Adjoint) -> tuple[Var, ...]:
-    """j (or j0, j1, ...): one per dimension, never the name of a variable the scatters use."""
-    taken = {r.var.name for s in adj.scatters for r in s.domain}
+def _gather_vars(adj: Adjoint, avoid: frozenset[str] = frozenset()) -> tuple[Var, ...]:
+    """j (or j0, j1, ...): one per dimension, never the name of a variable the scatters use (nor
+    one in `avoid`)."""
+    taken = {r.var.name for s in adj.scatters for r in s.domain} | avoid
     names = ["j"] if len(adj.shape) == 1 else [f"j{d}" for d in range(len(adj.shape))]
     out = []
     for n in names:

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from halide_ad import ir
 from halide_ad.ad import Adjoint, reverse_mode
+from halide_ad.compiler import _gather_vars
 from halide_ad.errors import NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.ir import Bin, Expr, Func, Load, Op, Range, Reduce, Select, Var, cast, const
 from halide_ad.solver import Fallback, invert
@@ -108,7 +109,7 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
         return rewrite(e, rule)
 
     for adj in adjoints:
-        js = _fresh_vars(state, adj)
+        js = _gather_vars(adj, frozenset(state.names))  # (a buffer named j0 would shadow a variable)
         terms = [] if not adj.seeded else [_seed(seeds[adj.buffer], js, adj)]
         for s in adj.scatters:
             inverse = invert(s, adj.shape, js)
@@ -138,18 +139,6 @@ def _seed(seed, js: tuple[Var, ...], adj: Adjoint) -> Expr:
     if isinstance(seed, Tensor):
         return cast(adj.dtype, Load(seed.name, js, seed.buffer.dtype))
     return const(seed, adj.dtype)
-
-
-def _fresh_vars(state: TraceState, adj: Adjoint) -> tuple[Var, ...]:
-    """j (or j0, j1, ...), never a name a scatter's domain or a buffer of the trace uses."""
-    taken = {r.var.name for s in adj.scatters for r in s.domain} | state.names
-    names = ["j"] if len(adj.shape) == 1 else [f"j{d}" for d in range(len(adj.shape))]
-    out = []
-    for n in names:
-        while n in taken:
-            n += "_"
-        out.append(Var(n))
-    return tuple(out)
 
 
 def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, rename) -> Expr | None:
