@@ -94,6 +94,7 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
     reached = {a.buffer for a in adjoints}
     built: dict[str, Func] = {}
     argindex: dict[str, Func] = {}
+    broadcasts: set[str] = set()  # adjoints that are a constant or a scalar's value at every point
 
     def rename(e: Expr) -> Expr:  # adj_F and arg_F as the Funcs of this trace that hold them
         def rule(n: Expr):
@@ -101,7 +102,10 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
                 return None
             for name in reached:
                 if n.buffer == ir.adjoint_name(name):
-                    return Load(built[name].name, n.index, n.dtype, n.loc)
+                    f = built[name]
+                    if f.name in broadcasts:  # computed where it is read, not stored
+                        return substitute(f.body, dict(zip(f.vars, n.index, strict=True)))
+                    return Load(f.name, n.index, n.dtype, n.loc)
                 if n.buffer == ir.argindex_name(name):
                     return Load(_argindex_func(state, program.func(name), argindex).name, n.index,
                                 ir.INDEX_DTYPE, n.loc)
@@ -132,6 +136,8 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
         name = state.fresh_name(f"d_{adj.buffer}")
         body = cast(adj.dtype, simplify(body))
         built[adj.buffer] = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
+        if not free_vars(body) and not any(isinstance(n, Reduce) for n in walk(body)):
+            broadcasts.add(name)  # a sum's adjoint, spread over what it summed
     return built
 
 
