@@ -255,6 +255,15 @@ def test_bad_arguments_while_tracing(rng):
     with pytest.raises(hd.NotDifferentiableError, match="int64"):
         hd.func(lambda x, i: hd.grad(lambda x, i: hd.sum(x) * 1.0, argnums=1)(x, i))(x, np.arange(3))
 
+    def pulled(x, ct):
+        _, f_vjp = hd.vjp(lambda x: x * x, x)
+        return f_vjp(ct)[0]
+
+    with pytest.raises(hd.ShapeError, match=r"shape \(2,\); it must be \(3,\)"):
+        hd.func(pulled)(x, np.ones(2))
+    with pytest.raises(hd.TraceError, match="cotangent"):
+        hd.func(lambda x: pulled(x, np.ones(3)))(x)
+
 
 def test_check_grad_order_two(rng):
     """The second-order check runs the first-order check on (x, c) -> vjp(c), traced as a program."""
