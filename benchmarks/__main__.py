@@ -9,8 +9,9 @@ case (`benchmarks.memory`: 27 processes of 4-15 s for the nine cases at full siz
 skips the step, and `--small` runs it on the first kernel case only).
 
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
-resampling and dense gradients) and `everyday` (elementwise math, softmax, layer norm, a small
-layer, dispatch, a training step, the first call on empty caches), e.g.
+resampling and dense gradients), `everyday` (elementwise math, softmax, layer norm, a small
+layer, dispatch, a training step, the first call on empty caches) and `checkpoint` (the peak memory
+of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes), e.g.
 
     python -m benchmarks --cases everyday
     python -m benchmarks --cases tanh,softmax,dispatch --repeat 3
@@ -27,10 +28,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks import memory, peers, warm_start
+from benchmarks import checkpoint, memory, peers, warm_start
 from benchmarks.bounds import measure_machine
 from benchmarks.calls import CallCase, run_call_case
 from benchmarks.cases import Case
+from benchmarks.checkpoint import CheckpointCase
 from benchmarks.everyday import FirstCall
 from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
 from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
@@ -106,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    notes=notes)
     cold_rows = {case.name: warm_start.measure_cold(case, small=args.small, peer_names=peer_names)
                  for case in args.cases if isinstance(case, FirstCall)}
+    checkpoint_agrees = True
+    if any(isinstance(case, CheckpointCase) for case in args.cases):
+        checkpoint_notes, checkpoint_agrees = checkpoint.report(small=args.small)
+        notes += checkpoint_notes
     other_rows: dict[str, Row] = {**call_rows, **cold_rows}
     torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None
     bounds = measure_machine(args.repeat, small=args.small, torch_module=torch_module)
@@ -118,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kernels = {case.name for case in GROUPS["kernels"]}
     by_name = {r.name: r for r in results}
     kernel_results = [r for r in results if r.name in kernels]
-    everyday = [row for case in args.cases if case.name not in kernels
+    everyday = [row for case in args.cases if case.name not in kernels and not isinstance(case, CheckpointCase)
                 for row in (case_rows(by_name[case.name], bounds) if case.name in by_name
                             else [other_rows[case.name]])]
     descriptions = [_description(case, small=args.small) for case in args.cases
@@ -138,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.markdown.write_text(markdown)
     failed = any(r.errors or r.mismatch for r in results)
     failed |= any(row.errors or row.mismatch for row in other_rows.values())
+    failed |= not checkpoint_agrees
     return 1 if failed else 0
 
 

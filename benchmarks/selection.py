@@ -3,7 +3,9 @@
 * `kernels`: the stencil, convolution, pooling, resampling and dense gradients (`benchmarks.cases`);
 * `everyday`: what a user meets first (issue 26): elementwise math, softmax, layer norm and a small
   layer (`benchmarks.everyday`), dispatch and a training step (`benchmarks.calls`), and the first
-  call on empty caches (`benchmarks.warm_start.measure_cold`).
+  call on empty caches (`benchmarks.warm_start.measure_cold`);
+* `checkpoint`: the peak memory of a deep pipeline's gradient step with and without `hd.checkpoint`
+  (`benchmarks.checkpoint`), reported in the notes.
 """
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from collections.abc import Sequence
 
 from benchmarks.calls import CALL_CASES, CallCase
 from benchmarks.cases import CASES, Case
+from benchmarks.checkpoint import CHECKPOINT, CheckpointCase
 from benchmarks.everyday import EVERYDAY_CASES, FIRST_CALL, FirstCall
 
-AnyCase = Case | CallCase | FirstCall
+AnyCase = Case | CallCase | FirstCall | CheckpointCase
 
 GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "kernels": CASES,
     "everyday": (*EVERYDAY_CASES, *CALL_CASES, FIRST_CALL),
+    "checkpoint": (CHECKPOINT,),
 }
 ALL: tuple[AnyCase, ...] = tuple(case for group in GROUPS.values() for case in group)
 BY_NAME: dict[str, AnyCase] = {case.name: case for case in ALL}

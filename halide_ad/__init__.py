@@ -23,6 +23,7 @@ _EXPORTS = {
     "halide_ad.check": ("check_grad",),
     "halide_ad.forward": ("jacfwd", "jvp"),
     "halide_ad.custom": ("custom_jvp", "custom_vjp"),
+    "halide_ad.compose": ("adjoints", "checkpoint", "hessian", "jacobian", "jacrev"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 # (no name here may be a submodule's as well: importing `halide_ad.<name>` would set the attribute

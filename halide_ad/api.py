@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from halide_ad import capture, ir, tiered
+from halide_ad import capture, ir, retrace, tiered
 from halide_ad.ad import without_unused_argindex
+from halide_ad.segments import Segmented
 from halide_ad.compiler import compile_forward, compile_gradient
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
 from halide_ad.runtime.execute import BackwardRun, ForwardRun, Kernel
@@ -150,6 +151,8 @@ class Traced:
     _forward: ForwardRun | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     scalar_gradients: dict = field(default_factory=dict)  # argnums -> _ScalarGradient
+    named: tuple[str, ...] = ()  # the Funcs the user named, that the program keeps (hd.adjoints)
+    checkpoints: tuple[tuple[str, ...], ...] = ()  # Funcs of each hd.checkpoint call: run by segments
 
     def __post_init__(self):
         program = self.program
@@ -193,6 +196,10 @@ class Traced:
         """The program's inputs among `buffers`, in their declared shapes, copied."""
         return {b.name: np.array(buffers[b.name]).reshape(b.shape) for b in self.program.inputs}
 
+    @functools.cached_property
+    def _segmented(self) -> Segmented:
+        return Segmented(self.program, self.checkpoints)
+
     def forward_kernel(self) -> Kernel:
         return self._forward_run().kernel
 
@@ -220,6 +227,8 @@ class Traced:
 
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The forward pass's buffers: from its kernels, or the interpreter's while they compile."""
+        if self.checkpoints:
+            return self._segmented.forward(arrays)
         if "forward" in self._compiled:
             return self._forward_run()(arrays)
         def warming():
@@ -234,6 +243,8 @@ class Traced:
                     cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """{name: gradient} for `wrt`, from `run`'s buffers: from the kernels, or from the
         interpreter (forward and backward on it) while they compile."""
+        if self.checkpoints:
+            return self._segmented.backward(wrt, buffers, cotangents)
         interpreted = tiered.INTERPRETED in buffers
         if not interpreted and wrt in self._compiled:
             return self.backward(wrt)(buffers, cotangents)
@@ -402,7 +413,11 @@ class Function:
             ir.Program(state.name, tuple(state.inputs), funcs, tuple(outputs), overrides))
         arg_names = [n if k == "array" else None for n, (k, _) in zip(names, classified, strict=True)]
         records, captured = capture.trace_results(state)
-        return _shared(Traced(program, rebuild, arg_names, [k for k, _ in classified], records)), captured
+        kept = {f.name for f in program.funcs}
+        traced = Traced(program, rebuild, arg_names, [k for k, _ in classified], records,
+                        named=tuple(n for n in state.named if n in kept),
+                        checkpoints=tuple(tuple(n for n in block if n in kept) for block in state.checkpoints))
+        return _shared(traced), captured
 
 
 _by_program: dict = {}  # (program, arguments, captures, outputs' structure) -> Traced
@@ -414,7 +429,7 @@ def _shared(traced: Traced) -> Traced:
     """The Traced of an equal program traced before (by another Function of the same code, or
     before a captured array changed shape and back), whose kernels are built; else `traced`."""
     key = (traced.program, tuple(traced.arg_names), tuple(traced.kinds), traced.captured,
-           repr(traced.structure()))
+           repr(traced.structure()), traced.named, traced.checkpoints)
     with _by_program_lock:
         found = _by_program.get(key)
         if found is None:
@@ -543,6 +558,8 @@ def _differentiable(traced: Traced, argnums: tuple[int, ...], fn_name: str) -> t
 def vjp(fn, *args, **kwargs):
     """(fn(*args), vjp_fn): vjp_fn(cotangent) returns one gradient per positional argument
     (None for static and integer arguments)."""
+    if current() is not None:  # inside a trace: the gradient becomes Funcs of that program
+        return retrace.vjp(fn, args, kwargs)
     f = as_function(fn)
     traced, arrays = f.trace(args, kwargs)
     buffers = traced.run(arrays)
@@ -630,6 +647,8 @@ def value_and_grad(fn, argnums=0):
 
     def wrapped(*args, **kwargs):
         nonlocal function
+        if current() is not None:  # inside a trace: the gradient becomes Funcs of that program
+            return retrace.value_and_grad(fn, nums, single, args, kwargs)
         if function is None:
             function = as_function(fn)
         traced, arrays = function.trace(args, kwargs)

@@ -18,8 +18,10 @@ def check_grad(fn, *args, modes=MODES, order: int = 1, eps: float = 1e-6, rtol: 
     * "fwd": <jvp(t), c> == the same finite difference.
 
     `order=2` also checks the derivative of the forward-mode derivative, x -> jvp(f, x, t1), in each
-    mode (so "rev" checks reverse over forward). Float arguments are promoted to float64. Returns
-    the worst relative error; raises AssertionError describing the worst mismatch.
+    mode (forward over forward, reverse over forward), and with "rev" the first-order function
+    `(x, c) -> vjp(c)`, traced as a program of its own (reverse over reverse). Float arguments are
+    promoted to float64. Returns the worst relative error; raises AssertionError describing the
+    worst mismatch.
     """
     modes = (modes,) if isinstance(modes, str) else tuple(modes)
     unknown = [m for m in modes if m not in MODES]
@@ -44,7 +46,29 @@ def check_grad(fn, *args, modes=MODES, order: int = 1, eps: float = 1e-6, rtol: 
         for mode in modes:
             worst = max(worst, _check(derivative, args, float_args, mode, rng, eps, rtol, atol, directions,
                                       " of the derivative x -> jvp(fn, x, t1)"))
+        if "rev" in modes:
+            cts = _cotangents(fn, args, rng)
+            both = float_args + list(range(len(args), len(args) + len(cts)))
+            worst = max(worst, _check(_first_order(fn, args), args + tuple(cts), both, "rev", rng, eps, rtol,
+                                      atol, directions, " of the first-order function (x, c) -> vjp(c)"))
     return worst
+
+
+def _cotangents(fn, args, rng) -> list[np.ndarray]:
+    return [rng.standard_normal(o.shape) for o in _flatten_values(_call(fn, args))]
+
+
+def _first_order(fn, args):
+    """(x, c) -> the gradients vjp(c) of fn at x: the arguments, then the cotangents, both
+    differentiated (a gradient of a gradient, traced as one program)."""
+    count = len(args)
+    out = _call(fn, args)
+
+    def first_order(*inputs):
+        _, pull = vjp(fn, *inputs[:count])
+        return tuple(g for g in pull(restructure(out, inputs[count:])) if g is not None)
+    first_order.__name__ = f"vjp_of_{getattr(fn, '__name__', 'fn')}"
+    return first_order
 
 
 def _check(fn, args, float_args, mode, rng, eps, rtol, atol, directions, what) -> float:

@@ -147,7 +147,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     """Loop-nest adjoints share numba functions; an adjoint with BLAS contributions ends one, and
     its contractions are added after the loop nest has written the rest."""
     plans = plan_gradient(program, wrt)
-    private = _private_adjoints(program, plans)
+    private = _private_adjoints(program, plans, wrt)
     named = {b.name for b in program.inputs} | {f.name for f in program.funcs}
     temporaries = tuple((adjoint_name(p.adjoint.buffer), p.adjoint.shape)  # products per tap (`_tap_product`)
                         for p in plans if p.adjoint.buffer not in named)
@@ -193,10 +193,11 @@ def _calls(c: Contraction) -> str:
     return f", per tap of {taps}" if taps else ", one call"
 
 
-def _private_adjoints(program: Program, plans: list[AdjointPlan]) -> frozenset[str]:
+def _private_adjoints(program: Program, plans: list[AdjointPlan], wrt: tuple[str, ...]) -> frozenset[str]:
     """The stored adjoints of intermediate buffers that exactly one gather reads, and nothing else
     (no BLAS contraction, no scatter, no other plan): the loop nest that computes one may hand it
-    to its reader a plane at a time (codegen's stages)."""
+    to its reader a plane at a time (codegen's stages). Not those in `wrt` (`hd.adjoints` asks
+    for intermediates): they are results."""
     inputs = {b.name for b in program.inputs}
     readers: dict[str, list] = {}
     for plan in plans:
@@ -207,5 +208,5 @@ def _private_adjoints(program: Program, plans: list[AdjointPlan]) -> frozenset[s
             for name in {n.buffer for e in exprs for n in walk(e) if isinstance(n, Load)}:
                 readers.setdefault(name, []).append(c)
     return frozenset(adjoint_name(p.adjoint.buffer) for p in plans
-                     if not p.inlined and p.adjoint.buffer not in inputs
+                     if not p.inlined and p.adjoint.buffer not in inputs and p.adjoint.buffer not in wrt
                      and [isinstance(c, Gather) for c in readers.get(adjoint_name(p.adjoint.buffer), [])] == [True])

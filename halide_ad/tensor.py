@@ -349,6 +349,8 @@ def compute(shape, fn, name: str | None = None) -> Tensor:
     body = to_node(result)
     fname = state.fresh_name(name or getattr(fn, "__name__", "f").replace("<lambda>", "f"))
     body = _lift_reductions(state, body, fvars, fname)
+    if name is not None and is_user_frame(sys._getframe(1)):
+        state.named.append(fname)  # named by the user, not by halide_ad's own sugar: hd.adjoints shows it
     return Tensor(add_func(state, ir.Func(fname, fvars, shape, body, ir.dtype_of(body), loc)).buffer)
 
 

@@ -22,6 +22,8 @@ class TraceState:
     reduction_vars: set[ir.Var] = field(default_factory=set)
     rdom_where: dict[ir.Var, ir.Expr] = field(default_factory=dict)  # rvar -> its rdom's predicate
     compute_vars: tuple[ir.Var, ...] | None = None  # pure vars of the hd.compute being traced
+    named: list[str] = field(default_factory=list)  # Funcs the user named (hd.compute's name=)
+    checkpoints: list[tuple[str, ...]] = field(default_factory=list)  # the Funcs of each hd.checkpoint call
     counter: itertools.count = field(default_factory=itertools.count)
     root: object = None  # the function being traced, where captured arrays are looked for
     captured: dict = field(default_factory=dict)  # id(array) -> its record (halide_ad/capture.py)

@@ -19,9 +19,10 @@ class AdjointPlan:
     inlined: bool = False
 
 
-def gather_vars(adj: Adjoint) -> tuple[Var, ...]:
-    """j (or j0, j1, ...): one per dimension, never the name of a variable the scatters use."""
-    taken = {r.var.name for s in adj.scatters for r in s.domain}
+def gather_vars(adj: Adjoint, avoid: frozenset[str] = frozenset()) -> tuple[Var, ...]:
+    """j (or j0, j1, ...): one per dimension, never the name of a variable the scatters use (nor
+    one in `avoid`)."""
+    taken = {r.var.name for s in adj.scatters for r in s.domain} | avoid
     names = ["j"] if len(adj.shape) == 1 else [f"j{d}" for d in range(len(adj.shape))]
     out = []
     for n in names:

@@ -333,7 +333,10 @@ def _grow(margins, extents, gathers, terms):
         undecided = [t for g in gathers for p in g.pieces for t in terms(p, box)]
         if not undecided:
             return margins
-        for v in set().union(*(_vars(t) for t in undecided)) & margins.keys():
+        growing = set().union(*(_vars(t) for t in undecided)) & margins.keys()
+        if not growing:  # a term no margin decides (a test of constants left unfolded): no split
+            return None
+        for v in growing:
             margins[v] = (margins[v][0] + 1, margins[v][1] + 1)
             if max(margins[v]) > MAX_MARGIN:
                 return None

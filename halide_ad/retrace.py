@@ -1,0 +1,314 @@
+"""Reverse mode while tracing: a gradient as Funcs of the program being traced.
+
+Called on symbolic Tensors (inside an `@hd.func`, or inside another transformation), `hd.grad`,
+`hd.value_and_grad` and `hd.vjp` trace the function into the enclosing program, run reverse mode
+on the Funcs it added, invert each scatter (solver/invert.py) and write each inverse back as a
+Func:
+
+* a gather piece without loops is `select(guards, value, 0)` at the point j;
+* a gather piece with loops over free variables (a window, a clamp's edge strip) is a sum over an
+  rdom spanning the loops' bounds, with a `where` that holds the loops' exact bounds and guards.
+
+The adjoints are then ordinary Funcs: compiled with the rest of the program, and differentiated
+again by the same path (a Hessian-vector product, reverse over reverse). A scatter the inverter
+could not turn into a gather (a data-dependent index) has no form as a gather Func; it is refused
+with NotDifferentiableError.
+
+The adjoint of buffer B is the Func `d_B` (never `adj_B`: the compiler names its own adjoint
+buffers so, and this program's gradient has one for every Func). Semantics follow JAX: the
+function sees copies of the differentiated arguments; a tensor it reads
+from the enclosing trace (a closure) is a constant for this gradient.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import replace
+
+from halide_ad import ir
+from halide_ad.ad import reverse_mode
+from halide_ad.errors import NotDifferentiableError, ShapeError, TraceError, user_loc
+from halide_ad.ir import Adjoint, Bin, Expr, Func, Load, Op, Range, Reduce, Select, Var, cast, const
+from halide_ad.runtime.plans import gather_vars
+from halide_ad.solver import Fallback, invert
+from halide_ad.affine import Affine, linear_form
+from halide_ad.solver.bounds import interval
+from halide_ad.solver.invert import GatherPiece
+from halide_ad.tensor import BoundaryView, Tensor, _lift_reductions, add_func, compute
+from halide_ad.trace import TraceState, current
+from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
+
+
+class _Traced:
+    """`fn` traced into the enclosing program on copies of its differentiated arguments."""
+
+    def __init__(self, fn, args: tuple, kwargs: dict, diff: tuple[int, ...], fn_name: str):
+        from halide_ad.api import _flatten, as_function
+        self.state = state = current()
+        self.fn_name = fn_name
+        self.copies: dict[int, Tensor] = {}
+        call_args = list(args)
+        for k in diff:
+            view = args[k] if isinstance(args[k], BoundaryView) else None
+            a = view.tensor if view is not None else args[k]
+            if not isinstance(a, Tensor) or not ir.is_float(a.buffer.dtype):
+                continue
+            copy = self.copies[k] = compute(a.shape, lambda *i, a=a: a[i], name=f"{a.name}_arg")
+            call_args[k] = copy if view is None else BoundaryView(copy, view.kind, view.value)
+        start = len(state.funcs)
+        result = as_function(fn)(*call_args, **kwargs)
+        leaves, self.rebuild = _flatten(result, f"the result of {fn_name}")
+        inputs = {t.name for t in self.copies.values()}
+        outputs = []
+        for leaf in leaves:  # each output a Func of this trace, once
+            if leaf.name in outputs or leaf.name in inputs or not _defined_since(state, start, leaf.name):
+                leaf = compute(leaf.shape, lambda *i, t=leaf: t[i], name=f"{leaf.name}_out")
+            outputs.append(leaf.name)
+        self.outputs = [Tensor(state.buffer(o)) for o in outputs]
+        funcs = tuple(state.funcs[start:])
+        defined = {f.name for f in funcs}
+        read = dict.fromkeys(n.buffer for f in funcs for n in walk(f.body) if isinstance(n, Load))
+        self.program = ir.Program(fn_name, tuple(state.buffer(n) for n in read if n not in defined),
+                                  funcs, tuple(outputs))
+
+    def result(self):
+        return self.rebuild(self.outputs)
+
+    def pullback(self, seeds: dict[str, Expr | Tensor]) -> dict[int, Tensor]:
+        """The adjoint of each differentiated argument, as a Tensor, for the cotangents `seeds`
+        (by output name: a scalar constant or a Tensor of the output's shape)."""
+        wrt = tuple(t.name for t in self.copies.values())
+        if not wrt:
+            return {}
+        built = _adjoint_funcs(self.state, self.program, wrt, seeds, self.fn_name)
+        return {k: Tensor(built[t.name].buffer) for k, t in self.copies.items()}
+
+
+def _defined_since(state: TraceState, start: int, name: str) -> bool:
+    return any(f.name == name for f in state.funcs[start:])
+
+
+def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
+                   seeds: dict[str, Expr | Tensor], fn_name: str) -> dict[str, Func]:
+    """{buffer: its adjoint Func}, added to `state`, for every buffer reverse mode reaches."""
+    adjoints = reverse_mode(program, wrt)
+    reached = {a.buffer for a in adjoints}
+    built: dict[str, Func] = {}
+    argindex: dict[str, Func] = {}
+    broadcasts: set[str] = set()  # adjoints that are a constant or a scalar's value at every point
+
+    def rename(e: Expr) -> Expr:  # adj_F and arg_F as the Funcs of this trace that hold them
+        def rule(n: Expr):
+            if not isinstance(n, Load):
+                return None
+            for name in reached:
+                if n.buffer == ir.adjoint_name(name):
+                    f = built[name]
+                    if f.name in broadcasts:  # computed where it is read, not stored
+                        return substitute(f.body, dict(zip(f.vars, n.index, strict=True)))
+                    return Load(f.name, n.index, n.dtype, n.loc)
+                if n.buffer == ir.argindex_name(name):
+                    return Load(_argindex_func(state, program.func(name), argindex).name, n.index,
+                                ir.INDEX_DTYPE, n.loc)
+            return None
+        return rewrite(e, rule)
+
+    for adj in adjoints:
+        js = gather_vars(adj, frozenset(state.names))  # (a buffer named j0 would shadow a variable)
+        terms = [] if not adj.seeded else [_seed(seeds[adj.buffer], js, adj)]
+        for s in adj.scatters:
+            inverse = invert(s, adj.shape, js)
+            if isinstance(inverse, Fallback):
+                raise NotDifferentiableError(
+                    f"the gradient of {fn_name} is used while tracing (a gradient inside a traced "
+                    f"function, or a derivative of a gradient), but its contribution to "
+                    f"{adj.buffer}, adj_{adj.buffer}[{', '.join(map(str, s.index))}] += ..., cannot "
+                    f"be written as a gather ({inverse.reason}), so it has no form as a Func. "
+                    "Derivatives of gradients through data-dependent indices (a histogram, a "
+                    "gather by an index array) are not supported; take this gradient at the top "
+                    "level (hd.grad called on arrays) instead", s.loc or user_loc())
+            for piece in inverse.pieces:
+                term = _piece_term(state, piece, js, adj, rename)
+                if term is not None:
+                    terms.append(term)
+        body = terms[0] if terms else const(0, adj.dtype)
+        for t in terms[1:]:
+            body = Bin(Op.ADD, body, t)
+        name = state.fresh_name(f"d_{adj.buffer}")
+        body = cast(adj.dtype, simplify(body))
+        built[adj.buffer] = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
+        if not free_vars(body) and not any(isinstance(n, Reduce) for n in walk(body)):
+            broadcasts.add(name)  # a sum's adjoint, spread over what it summed
+    return built
+
+
+def _seed(seed, js: tuple[Var, ...], adj: Adjoint) -> Expr:
+    if isinstance(seed, Tensor):
+        return cast(adj.dtype, Load(seed.name, js, seed.buffer.dtype))
+    return const(seed, adj.dtype)
+
+
+def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, rename) -> Expr | None:
+    """One gather piece as an expression at the point js: a select, or a load of a Func that sums
+    over an rdom with a `where` (the piece's loops); None where the piece is empty."""
+    piece = _pinned_loops_fixed(piece)
+    # The loops' variables become rdom variables, named as the trace names them: a Func inlined
+    # into another (runtime/fusion.py) must not capture its reader's variables.
+    fresh = {loop.var: Var(state.fresh_name("r")) for loop in piece.loops}
+    local = lambda e: substitute(rename(e), fresh)  # noqa: E731
+    value = cast(adj.dtype, local(piece.value))
+    guards = [local(g) for level in piece.guards for g in level]
+    ranges = {j: Range(j, 0, n) for j, n in zip(js, adj.shape, strict=True)}
+    bounds = []
+    for loop in (Range(fresh[r.var], local(r.lo), local(r.hi)) for r in piece.loops):
+        boxes = {r.var: (r.lo, r.hi - 1) for r in ranges.values()}
+        lo, hi = interval(loop.lo, boxes), interval(loop.hi, boxes)
+        if lo is None or hi is None:
+            raise NotDifferentiableError(f"the loop {loop.var.name} in [{loop.lo}, {loop.hi}) of a "
+                                         f"gather into adj_{adj.buffer} has no bounded range, so it "
+                                         "cannot be an rdom", user_loc())
+        if lo[0] >= hi[1]:
+            return None
+        ranges[loop.var] = Range(loop.var, lo[0], hi[1])
+        bounds += [simplify(Bin(Op.LE, loop.lo, loop.var)), simplify(Bin(Op.LT, loop.var, loop.hi))]
+    if any(isinstance(n, Reduce) for n in walk(value)):  # a product's gradient: Funcs of their own
+        value = _lifted(state, value, bounds + guards, ranges, js, adj)
+    if not piece.loops:
+        cond = conjunction(guards)
+        return value if cond is None else Select(cond, value, const(0, adj.dtype))
+    body = Reduce("sum", value, tuple(ranges[v] for v in fresh.values()), conjunction(bounds + guards))
+    name = state.fresh_name(f"d_{adj.buffer}_window")
+    func = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
+    return Load(func.name, js, adj.dtype)
+
+
+def _pinned_loops_fixed(piece: GatherPiece) -> GatherPiece:
+    """`piece` with each loop that a guard inside it pins to one value (`x - 63 == 0`: a clamp's
+    edge strip, read by every x past the edge) replaced by that value, the loop's bounds kept as
+    guards: a loop over the whole axis for one point would cost a pass over the axis per point."""
+    k = 0
+    while k < len(piece.loops):
+        loop = piece.loops[k]
+        inner = {r.var for r in piece.loops[k:]}
+        value = next((v for g in piece.guards[k + 1] if (v := _pinned(g, loop.var)) is not None
+                      and not free_vars(v) & inner), None)
+        if value is None:
+            k += 1
+            continue
+        fixed = piece.fixing(k, value)
+        bounds = (simplify(Bin(Op.LE, loop.lo, value)), simplify(Bin(Op.LT, value, loop.hi)))
+        guards = list(fixed.guards)
+        guards[k] = guards[k] + bounds
+        piece = replace(fixed, guards=tuple(guards))
+    return piece
+
+
+def _pinned(guard: Expr, var: Var) -> Expr | None:
+    """The value of `var` where `guard`, an equation linear in it with coefficient 1 or -1, holds."""
+    if not (isinstance(guard, Bin) and guard.op is Op.EQ):
+        return None
+    form = linear_form(Bin(Op.SUB, guard.lhs, guard.rhs))
+    if form is None or form[0].get(var) not in (1, -1):
+        return None
+    coefficients, constant = form
+    c = coefficients[var]  # var = -(rest) / c, and 1 / c == c
+    return Affine.of({v: -a * c for v, a in coefficients.items() if v != var and a}, -constant * c).to_expr()
+
+
+def _lifted(state: TraceState, value: Expr, guards: list[Expr], ranges: dict[Var, Range], js,
+            adj: Adjoint) -> Expr:
+    """`value` with each reduction nested in it given a Func of its own (`_lift_reductions`, which
+    reads the loops' ranges from the trace state, so they are put there for the while). Each such
+    Func runs over the whole box of its variables, so the guards it can test join its `where`:
+    outside them it would read out of bounds."""
+    def guarded(n: Expr):
+        if not isinstance(n, Reduce):
+            return None
+        mine = [g for g in guards if free_vars(g) <= free_vars(n)]
+        where = conjunction(([n.where] if n.where is not None else []) + mine)
+        return Reduce(n.op, n.body, n.rvars, where, n.loc)
+
+    value = rewrite(value, guarded)
+    saved = {v: state.var_ranges[v] for v in ranges if v in state.var_ranges}
+    state.var_ranges.update(ranges)
+    try:
+        return _lift_reductions(state, value, js, f"d_{adj.buffer}")
+    finally:
+        for v in ranges:
+            state.var_ranges.pop(v, None)
+        state.var_ranges.update(saved)
+
+
+def _argindex_func(state: TraceState, f: Func, made: dict[str, Func]) -> Func:
+    """The position of max or min reduction f's first extremum (what the forward pass stores as
+    its argindex), as a Func of the trace."""
+    if f.name not in made:
+        op = "argmax" if f.body.op == "max" else "argmin"
+        body = Reduce(op, f.body.body, f.body.rvars, f.body.where, f.body.loc)
+        made[f.name] = add_func(state, Func(state.fresh_name(f"{f.name}_{op}"), f.vars, f.shape, body,
+                                            ir.INDEX_DTYPE, f.loc))
+    return made[f.name]
+
+
+# ---- the transformations, while tracing ---------------------------------------------------------
+
+def _argnums(args: tuple, argnums: tuple, fn_name: str) -> tuple[int, ...]:
+    out = []
+    for k in argnums:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+            raise NotDifferentiableError(f"argnums must be an int or a tuple of ints, got {k!r}")
+        if not -len(args) <= k < len(args):
+            raise NotDifferentiableError(f"argnums={k} but {fn_name} was called with {len(args)} "
+                                         "positional argument(s)")
+        a = args[k]
+        a = a.tensor if isinstance(a, BoundaryView) else a
+        if not isinstance(a, Tensor):
+            raise NotDifferentiableError(f"argument {k} of {fn_name} is {type(a).__name__}, not a "
+                                         "traced array; only float32/float64 arrays have gradients")
+        if not ir.is_float(a.buffer.dtype):
+            raise NotDifferentiableError(f"argument {k} ({a.name!r}) of {fn_name} is a "
+                                         f"{a.buffer.dtype} array: integer and bool arrays are data, "
+                                         "not differentiable")
+        out.append(k % len(args))
+    return tuple(out)
+
+
+def value_and_grad(fn, argnums: tuple[int, ...], single: bool, args: tuple, kwargs: dict):
+    name = getattr(fn, "__name__", "fn")
+    nums = _argnums(args, argnums, name)
+    traced = _Traced(fn, args, kwargs, tuple(dict.fromkeys(nums)), name)
+    (out,) = traced.outputs if len(traced.outputs) == 1 else (None,)
+    if out is None or out.shape != ():
+        shapes = [t.shape for t in traced.outputs]
+        raise NotDifferentiableError(f"hd.grad needs {name} to return one scalar (shape ()), but it "
+                                     f"returned shape(s) {shapes}; reduce it (e.g. hd.sum) or use hd.vjp")
+    grads = traced.pullback({out.name: 1})
+    results = tuple(grads[k] for k in nums)
+    return out, (results[0] if single else results)
+
+
+def vjp(fn, args: tuple, kwargs: dict):
+    name = getattr(fn, "__name__", "fn")
+    diff = tuple(k for k, a in enumerate(args) if isinstance(a, (Tensor, BoundaryView)))
+    traced = _Traced(fn, args, kwargs, diff, name)
+
+    def vjp_fn(cotangent):
+        from halide_ad.api import _flatten
+        try:
+            leaves, _ = _flatten(cotangent, "the cotangent") if not isinstance(cotangent, numbers.Number) \
+                else ([cotangent], None)
+        except TraceError:
+            raise TraceError(f"while tracing, the cotangent of {name}'s vjp must be hd.Tensors (or "
+                             "numbers) with the outputs' structure", user_loc()) from None
+        if len(leaves) != len(traced.outputs):
+            raise ShapeError(f"the cotangent must have the structure of {name}'s outputs "
+                             f"({len(traced.outputs)} array(s)), got {len(leaves)}", user_loc())
+        seeds = {}
+        for out, ct in zip(traced.outputs, leaves, strict=True):
+            if isinstance(ct, Tensor) and tuple(ct.shape) != tuple(out.shape):
+                raise ShapeError(f"the cotangent for output {out.name!r} has shape {tuple(ct.shape)}; "
+                                 f"it must be {tuple(out.shape)}, the output's shape", user_loc())
+            seeds[out.name] = ct
+        grads = traced.pullback(seeds)
+        return tuple(grads.get(k) for k in range(len(args)))
+
+    return traced.result(), vjp_fn
