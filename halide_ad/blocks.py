@@ -11,17 +11,21 @@ import numpy as np
 from halide_ad import ir
 from halide_ad.compiler import compile_forward, compile_gradient
 from halide_ad.runtime.execute import BackwardRun, ForwardRun
+from halide_ad.runtime.route import engines
 
 
 @dataclass(frozen=True)
 class Block:
     """A block program, sent to each worker once as a piece of the graph; `key` names its kernels
     in this process. A gradient runs two passes, seeded differently: one for the chunked
-    inputs, one for the weights."""
+    inputs, one for the weights. `engines`: (output, formula, engine) of each contraction, as
+    the whole program chose them (`compiler.engine_choices`), which the block's take whatever
+    their sizes, so that they sum in the same order."""
     key: str
     program: ir.Program
     inputs: tuple[str, ...] = ()   # the chunked float inputs
     weights: tuple[str, ...] = ()  # the float weights
+    engines: tuple[tuple[str, str, str], ...] = ()
 
 
 runs: dict = {}
@@ -36,8 +40,9 @@ def kernels(block: Block, kind: str):
         with runs_lock:
             found = runs.get((block.key, kind))
             if found is None:
-                found = (ForwardRun(block.program, compile_forward(block.program)) if kind == "forward"
-                         else BackwardRun(*compile_gradient(block.program, getattr(block, kind))))
+                with engines({(out, formula): engine for out, formula, engine in block.engines}):
+                    found = (ForwardRun(block.program, compile_forward(block.program)) if kind == "forward"
+                             else BackwardRun(*compile_gradient(block.program, getattr(block, kind))))
                 runs[(block.key, kind)] = found
     return found
 
