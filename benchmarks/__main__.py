@@ -10,10 +10,12 @@ skips the step, and `--small` runs it on the first kernel case only).
 
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
 resampling and dense gradients), `everyday` (elementwise math, softmax, layer norm, a small
-layer, dispatch, a training step, the first call on empty caches) and `checkpoint` (the peak memory
-of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes), e.g.
+layer, dispatch, a training step, the first call on empty caches), `checkpoint` (the peak memory
+of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes) and `chunked` (a
+blur on a dask array, chunked, against the whole array and dask-image: `benchmarks.chunked`), e.g.
 
     python -m benchmarks --cases everyday
+    python -m benchmarks --cases chunked --no-memory --repeat 3
     python -m benchmarks --cases tanh,softmax,dispatch --repeat 3
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ from benchmarks.bounds import measure_machine
 from benchmarks.calls import CallCase, run_call_case
 from benchmarks.cases import Case
 from benchmarks.checkpoint import CheckpointCase
+from benchmarks.chunked import ChunkedCase, ChunkedRow, chunked_table, run_chunked
 from benchmarks.everyday import FirstCall
 from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
 from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
@@ -113,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint_notes, checkpoint_agrees = checkpoint.report(small=args.small)
         notes += checkpoint_notes
     other_rows: dict[str, Row] = {**call_rows, **cold_rows}
+    chunked = [row for case in args.cases if isinstance(case, ChunkedCase)
+               for row in run_chunked_case(case, small=args.small, repeat=args.repeat, notes=notes)]
     torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None
     bounds = measure_machine(args.repeat, small=args.small, torch_module=torch_module)
     load = (load_at_start, os.getloadavg()[0])
@@ -124,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     kernels = {case.name for case in GROUPS["kernels"]}
     by_name = {r.name: r for r in results}
     kernel_results = [r for r in results if r.name in kernels]
-    everyday = [row for case in args.cases if case.name not in kernels and not isinstance(case, CheckpointCase)
+    everyday = [row for case in args.cases if case.name not in kernels
+                and not isinstance(case, (CheckpointCase, ChunkedCase))
                 for row in (case_rows(by_name[case.name], bounds) if case.name in by_name
                             else [other_rows[case.name]])]
     descriptions = [_description(case, small=args.small) for case in args.cases
@@ -132,20 +138,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads = peers.thread_count()
     markdown = to_markdown(kernel_results, bounds, repeat=args.repeat, threads=threads,
                            peer_names=peer_names, notes=notes, everyday=everyday,
-                           descriptions=descriptions)
+                           descriptions=descriptions,
+                           chunked=chunked_table(chunked) if chunked else ())
     print(markdown)
     settings = {"cases": [c.name for c in args.cases], "repeat": args.repeat, "small": args.small,
                 "memory": args.memory,
                 "threads": threads, "peers": peer_names, "load_average_1min": load,
                 "warm_cache_floor_s": floor}
     args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes,
-                                            everyday=everyday), indent=1) + "\n")
+                                            everyday=everyday, chunked=chunked), indent=1) + "\n")
     if args.markdown:
         args.markdown.write_text(markdown)
     failed = any(r.errors or r.mismatch for r in results)
-    failed |= any(row.errors or row.mismatch for row in other_rows.values())
+    failed |= any(row.errors or row.mismatch for row in (*other_rows.values(), *chunked))
     failed |= not checkpoint_agrees
     return 1 if failed else 0
+
+
+def run_chunked_case(case: ChunkedCase, *, small: bool, repeat: int, notes: list[str]) -> list[ChunkedRow]:
+    """The chunked case's rows (`benchmarks.chunked`), or none, with a note, without dask."""
+    if not peers.is_installed("distributed"):
+        notes.append(f"dask and distributed (the dask extra) are not installed: {case.name} is skipped.")
+        return []
+    if not peers.is_installed("dask_image"):
+        notes.append(f"dask-image (the bench extra) is not installed: {case.name} has no peer column.")
+    return run_chunked(case, small=small, repeat=repeat)
 
 
 def add_warm_start(results: Sequence[CaseResult], call_rows: dict[str, Row],

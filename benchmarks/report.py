@@ -95,7 +95,7 @@ def _versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             return None
 
-    packages = ("halide_ad", "numpy", "numba", "torch", "jax", "jaxlib")
+    packages = ("halide_ad", "numpy", "numba", "torch", "jax", "jaxlib", "dask", "distributed", "dask-image")
     return {"python": platform.python_version(), **{p: version(p) for p in packages}}
 
 
@@ -112,7 +112,7 @@ def _cpu_model() -> str:
 
 
 def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: dict,
-            notes: Sequence[str], everyday: Sequence[Row] = ()) -> dict:
+            notes: Sequence[str], everyday: Sequence[Row] = (), chunked: Sequence = ()) -> dict:
     return {
         "settings": settings,
         "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "versions": _versions()},
@@ -138,6 +138,7 @@ def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: d
             for r in results
         ],
         "everyday": [row_to_json(row) for row in everyday],
+        "chunked": [asdict(row) for row in chunked],  # benchmarks.chunked's rows
         "notes": list(notes),
     }
 
@@ -241,9 +242,11 @@ def _forward_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> 
 
 def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat: int,
                 threads: int, peer_names: Sequence[str], notes: Sequence[str],
-                everyday: Sequence[Row] = (), descriptions: Sequence[str] = ()) -> str:
-    """The kernel cases' tables (`results`), then the everyday table (`everyday`), then each
-    case's description (`descriptions`: one line per everyday case) and the notes."""
+                everyday: Sequence[Row] = (), descriptions: Sequence[str] = (),
+                chunked: Sequence[str] = ()) -> str:
+    """The kernel cases' tables (`results`), then the everyday table (`everyday`), then the
+    chunked case's (`chunked`: its lines, `benchmarks.chunked`), then each case's description
+    (`descriptions`: one line per case outside the kernel tables) and the notes."""
     lines = []
     if results:
         lines += [
@@ -274,6 +277,9 @@ def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat:
             *everyday_table(everyday, peer_names),
             "",
         ]
+    if chunked:
+        lines += [f"Chunked, halide_ad.dask: medians of {repeat} runs after one warm-up run, float32.", "",
+                  *chunked, ""]
     lines += [
         "Cases:",
         *(f"* {r.name}: {r.description}; inputs {', '.join(map(str, r.input_shapes))}"

@@ -1,4 +1,4 @@
-"""Which cases run: each case by its name, and two groups by theirs.
+"""Which cases run: each case by its name, and three groups by theirs.
 
 * `kernels`: the stencil, convolution, pooling, resampling and dense gradients (`benchmarks.cases`);
 * `everyday`: what a user meets first (issue 26): elementwise math, softmax, layer norm and a small
@@ -6,6 +6,8 @@
   call on empty caches (`benchmarks.warm_start.measure_cold`);
 * `checkpoint`: the peak memory of a deep pipeline's gradient step with and without `hd.checkpoint`
   (`benchmarks.checkpoint`), reported in the notes.
+* `chunked`: a blur on a dask array, chunked, against the whole array and dask-image (issue 30,
+  `benchmarks.chunked`).
 """
 from __future__ import annotations
 
@@ -14,14 +16,16 @@ from collections.abc import Sequence
 from benchmarks.calls import CALL_CASES, CallCase
 from benchmarks.cases import CASES, Case
 from benchmarks.checkpoint import CHECKPOINT, CheckpointCase
+from benchmarks.chunked import CHUNKED_BLUR, ChunkedCase
 from benchmarks.everyday import EVERYDAY_CASES, FIRST_CALL, FirstCall
 
-AnyCase = Case | CallCase | FirstCall | CheckpointCase
+AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase
 
 GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "kernels": CASES,
     "everyday": (*EVERYDAY_CASES, *CALL_CASES, FIRST_CALL),
     "checkpoint": (CHECKPOINT,),
+    "chunked": (CHUNKED_BLUR,),
 }
 ALL: tuple[AnyCase, ...] = tuple(case for group in GROUPS.values() for case in group)
 BY_NAME: dict[str, AnyCase] = {case.name: case for case in ALL}

@@ -10,18 +10,23 @@ import numpy as np
 
 from halide_ad import ir
 from halide_ad.compiler import compile_forward, compile_gradient
+from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.execute import BackwardRun, ForwardRun
+from halide_ad.runtime.route import engines
 
 
 @dataclass(frozen=True)
 class Block:
     """A block program, sent to each worker once as a piece of the graph; `key` names its kernels
     in this process. A gradient runs two passes, seeded differently: one for the chunked
-    inputs, one for the weights."""
+    inputs, one for the weights. `engines`: (output, formula, engine) of each contraction, as
+    the whole program chose them (`compiler.engine_choices`), which the block's take whatever
+    their sizes, so that they sum in the same order."""
     key: str
     program: ir.Program
     inputs: tuple[str, ...] = ()   # the chunked float inputs
     weights: tuple[str, ...] = ()  # the float weights
+    engines: tuple[tuple[str, str, str], ...] = ()
 
 
 runs: dict = {}
@@ -36,15 +41,17 @@ def kernels(block: Block, kind: str):
         with runs_lock:
             found = runs.get((block.key, kind))
             if found is None:
-                found = (ForwardRun(block.program, compile_forward(block.program)) if kind == "forward"
-                         else BackwardRun(*compile_gradient(block.program, getattr(block, kind))))
+                with engines({(out, formula): engine for out, formula, engine in block.engines}):
+                    found = (ForwardRun(block.program, compile_forward(block.program)) if kind == "forward"
+                             else BackwardRun(*compile_gradient(block.program, getattr(block, kind))))
                 runs[(block.key, kind)] = found
     return found
 
 
 def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
     """The window of the array that the chunks `pieces` (nested lists, one level per dimension)
-    tile, copied once into a new C-contiguous array (kernels take those)."""
+    tile, copied once into a C-contiguous array (kernels take those) from the buffer pool: a task
+    after the first reuses a block that an earlier one let go, without the OS's page faults."""
     shape = []
     first = pieces
     while isinstance(first, list):
@@ -60,7 +67,7 @@ def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
                                for k in range(n)]) for d, n in enumerate(shape)]
     lo = [w.start or 0 for w in window]
     hi = [starts[d][-1] if w.stop is None else w.stop for d, w in enumerate(window)]
-    out = np.empty([b - a for a, b in zip(lo, hi, strict=True)], first.dtype)
+    out = pool.empty(tuple(b - a for a, b in zip(lo, hi, strict=True)), first.dtype)
     for index in np.ndindex(*shape):
         source, target = [], []
         for d, k in enumerate(index):
@@ -98,7 +105,8 @@ def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: d
     def seeds(which: int) -> dict:
         out = {}
         for name, _, _, places, shape in cts:
-            ct = np.zeros(shape, block.program.func(name).dtype)
+            ct = pool.empty(shape, block.program.func(name).dtype)
+            ct.fill(0)
             if places[which] is not None:
                 into, source = places[which]
                 ct[into] = values[name][source]

@@ -27,7 +27,7 @@ from halide_ad.runtime.engines.direct_conv import DirectPlan
 from halide_ad.runtime.execute import ContractionStep, Kernel, NumbaStep
 from halide_ad.runtime.inline import inline_adjoints, inline_stages
 from halide_ad.runtime.plans import AdjointPlan, gather_vars
-from halide_ad.runtime.route import route, with_engine
+from halide_ad.runtime.route import engines, route, with_engine
 from halide_ad.runtime.schedule import piece_exprs
 from halide_ad.show import show, show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
@@ -54,19 +54,9 @@ def compile_forward(program: Program) -> Kernel:
     Funcs that need not be stored are computed where they are read (`inline_stages`); a reduction
     to one point runs as partial results first (`split_reduction`), in a buffer of the kernel's
     own (`Kernel.scratch`)."""
-    steps, sources, segment, scratch = [], [], [], []
-    funcs, taken = [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
-    stored_shapes = _shapes(program)
-    is_contraction = lambda f: _func_contraction(f, stored_shapes) is not None  # noqa: E731
-    needed = None if config.skipped("fuse") else read_by_gradients(program)  # None: store every Func
-    for f in inline_stages(program, is_contraction, needed):
-        parts = split_reduction(f, taken)
-        if parts is not None:
-            scratch.append(parts[0].buffer)
-            taken.add(parts[0].name)
-        funcs += parts or [f]
-    program = replace(program, funcs=tuple(funcs))
+    program, scratch = _forward_stages(program)
     shapes = _shapes(program)
+    steps, sources, segment = [], [], []
 
     def flush():
         if segment:
@@ -85,7 +75,39 @@ def compile_forward(program: Program) -> Kernel:
         steps.append(ContractionStep(f.name, "zeros", (c,)))
         sources.append(f"# {f.name} by {c.engine}: {c.formula}\n")
     flush()
-    return Kernel(steps, "\n".join(sources), tuple(scratch))
+    return Kernel(steps, "\n".join(sources), scratch)
+
+
+def _forward_stages(program: Program) -> tuple[Program, tuple[str, ...]]:
+    """`program` with its Funcs inlined and split as the forward kernels compute them, and the
+    scratch buffers of the split reductions."""
+    funcs, scratch, taken = [], [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
+    stored_shapes = _shapes(program)
+    is_contraction = lambda f: _func_contraction(f, stored_shapes) is not None  # noqa: E731
+    needed = None if config.skipped("fuse") else read_by_gradients(program)  # None: store every Func
+    for f in inline_stages(program, is_contraction, needed):
+        parts = split_reduction(f, taken)
+        if parts is not None:
+            scratch.append(parts[0].buffer)
+            taken.add(parts[0].name)
+        funcs += parts or [f]
+    return replace(program, funcs=tuple(funcs)), tuple(scratch)
+
+
+def engine_choices(program: Program, *wrts: tuple[str, ...]) -> dict[tuple[str, str], str]:
+    """The engine that each contraction of `program`'s forward, and of its gradients with respect
+    to each of `wrts`, takes (as `route.engines` keeps them), planned without compiling. Compiled
+    within `route.engines(...)` of these, a block of the program (halide_ad/dask.py) takes the
+    same engines at its own, smaller sizes."""
+    chosen = {}
+    with engines(chosen):
+        staged = _forward_stages(program)[0]
+        shapes = _shapes(staged)
+        for f in staged.funcs:
+            _func_contraction(f, shapes)
+        for wrt in wrts:
+            plan_gradient(program, wrt)
+    return chosen
 
 
 def _func_contraction(f, shapes) -> Contraction | None:

@@ -23,7 +23,8 @@ from halide_ad import ir
 from halide_ad.api import Function, _classify, _leaves_like, as_function
 from halide_ad.blocks import Block, add, backward_task, forward_task, nested_getitem
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
-from halide_ad.errors import DTypeError, HalideADWarning, ShapeError
+from halide_ad.compiler import engine_choices
+from halide_ad.errors import DTypeError, HalideADWarning, ShapeError, TraceError
 
 __all__ = ["function", "vjp", "halo"]
 
@@ -118,7 +119,11 @@ class _Call:
             else:
                 classified.append(_classify(n, a))
         kw = {k: _classify(k, v) for k, v in sorted(kwargs.items())}
-        self.traced = f._trace(names, classified, kw)
+        self.traced, captured = f._trace(names, classified, kw)
+        if captured:  # a task would need them too: they are arguments like any weight
+            raise TraceError(f"{self.name} reads numpy array(s) {sorted(captured)} from a closure or a "
+                             "global; halide_ad.dask sends a task only its arguments: pass them as "
+                             "arguments (they are sent whole to every task)")
         self.program = self.traced.program
         self.weights = {n: v for n, (k, v) in list(zip(names, classified)) + list(kw.items())
                         if k == "array" and n not in dasks}
@@ -182,7 +187,10 @@ class _Call:
 
     def _blocks(self, plans: dict[int, list], inputs: tuple[str, ...] = (),
                 weights: tuple[str, ...] = ()) -> dict:
-        """Block programs by their extents along the chunked axes."""
+        """Block programs by their extents along the chunked axes, taking the whole program's
+        engines (for its forward, and its gradients for `inputs` and for `weights`)."""
+        wrts = [wrt for wrt in (inputs, weights) if wrt]
+        chosen = tuple(sorted((*key, engine) for key, engine in engine_choices(self.program, *wrts).items()))
         blocks = {}
         for key in {tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes)) for index in self.grid()}:
             per_axis = {a: block_extents(self.layout, a, m) for a, m in zip(self.axes, key, strict=True)}
@@ -191,8 +199,8 @@ class _Call:
                 for name, m in ext.items():
                     extents.setdefault(name, {})[a] = m
             program = self.layout.rebuild(extents)
-            digest = hashlib.sha256(repr((program, inputs, weights)).encode()).hexdigest()[:16]
-            blocks[key] = (Block(digest, program, inputs, weights), per_axis)
+            digest = hashlib.sha256(repr((program, inputs, weights, chosen)).encode()).hexdigest()[:16]
+            blocks[key] = (Block(digest, program, inputs, weights, chosen), per_axis)
         return blocks
 
     def _layers(self, prefix: str, blocks: dict, extra=()) -> tuple[dict, dict, set, list, dict]:

@@ -4,7 +4,9 @@ and scatters for the loop nests. A strided convolution's input gradient splits i
 per tap and a gather that adds them (`_tap_product`)."""
 from __future__ import annotations
 
+import contextlib
 import math
+from contextvars import ContextVar
 from dataclasses import replace
 
 import numpy as np
@@ -17,11 +19,39 @@ from halide_ad.solver import Gather, invert
 
 
 ENGINES = (direct_conv, blas)  # asked in order; BLAS takes every contraction
+_chosen: ContextVar[dict | None] = ContextVar("halide_ad_engines", default=None)
+
+
+@contextlib.contextmanager
+def engines(chosen: dict[tuple[str, str], str]):
+    """Within it, `with_engine` follows `chosen`, {(a contraction's output, its formula): the name
+    of its engine's module}, and adds each choice it makes to it. A program's blocks
+    (halide_ad/dask.py) so take the engines that the whole program's contractions took, whatever
+    their own sizes, and sum in the same order."""
+    token = _chosen.set(chosen)
+    try:
+        yield chosen
+    finally:
+        _chosen.reset(token)
 
 
 def with_engine(c: Contraction) -> Contraction:
-    """`c` with the first engine's plan that takes it."""
-    return replace(c, plan=next(p for p in (engine.plan(c) for engine in ENGINES) if p is not None))
+    """`c` with the first engine's plan that takes it; within `engines`, with the plan of the
+    engine chosen for it before, at any size (or, where that engine cannot take it at all, e.g.
+    a block narrower than a vector, the first that can)."""
+    chosen = _chosen.get()
+    key = (c.out, c.formula)
+    named = None if chosen is None else chosen.get(key)
+    plan = next((engine.plan(c, any_size=True) for engine in ENGINES if _name(engine) == named), None)
+    if plan is None:
+        engine, plan = next((e, p) for e, p in ((e, e.plan(c)) for e in ENGINES) if p is not None)
+        if chosen is not None:
+            chosen.setdefault(key, _name(engine))
+    return replace(c, plan=plan)
+
+
+def _name(engine) -> str:
+    return engine.__name__.rpartition(".")[2]
 
 
 def route(plans: list[AdjointPlan], shapes: dict[str, tuple[int, ...]]) -> list[AdjointPlan]:

@@ -29,7 +29,8 @@ from halide_ad.runtime.parallel import by_rows, copy_all, each_image, matmul
 SMALL_PRODUCT = 1 << 16  # products this small are cheap to write in any order (a weight gradient)
 
 
-def plan(c: Contraction) -> BlasPlan:
+def plan(c: Contraction, *, any_size: bool = False) -> BlasPlan:
+    """BLAS takes every contraction, of any size."""
     return BlasPlan(c)
 
 

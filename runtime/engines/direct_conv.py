@@ -158,13 +158,14 @@ def _strides(k_axes, O, C, KH, KW) -> tuple[int, int, int, int]:
     return tuple(strides[a] for a in k_axes)
 
 
-def plan(c: Contraction) -> DirectPlan | None:
+def plan(c: Contraction, *, any_size: bool = False) -> DirectPlan | None:
     """The direct kernel's plan for contraction `c`, where it is a 2-D convolution sum big enough
-    (`convolution`), else None."""
+    (`convolution`; with `any_size`, of any size), else None."""
     if c.b is None or c.a.dtype != c.b.dtype:
         return None
     forms = [[terms(e) for e in index] for index in (c.out_index, c.a.index, c.b.index)]
-    kernel = convolution((c.out, c.a.buffer, c.b.buffer), forms, c.domain, dict(c.shapes), c.scale, c.a.dtype)
+    kernel = convolution((c.out, c.a.buffer, c.b.buffer), forms, c.domain, dict(c.shapes), c.scale, c.a.dtype,
+                         0 if any_size else MIN_WORK)
     return None if kernel is None else DirectPlan(c, kernel, blas.plan(c))
 
 
@@ -186,9 +187,9 @@ class DirectPlan:
 
 
 def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, scale: float,
-                dtype: str) -> DirectConvolution | None:
+                dtype: str, min_work: int) -> DirectConvolution | None:
     """The direct kernel for `out[...] += scale * a[...] * b[...]`, or None where that is not a
-    2-D convolution sum, `x[n, c, SH * i + r, SW * j + s]`, or is too small to pay for a compile.
+    2-D convolution sum, `x[n, c, SH * i + r, SW * j + s]`, or is below `min_work` multiply-adds.
     `role_names` are the buffers of out, a and b; `forms` their index components' affine terms
     ({var: coefficient, None: constant}, or None). Kernels that run as plain Python
     (HALIDE_AD_JIT=0) keep BLAS's path: the vector intrinsics exist only compiled."""
@@ -238,7 +239,7 @@ def convolution(role_names: tuple[str, str, str], forms, domain, shapes: dict, s
     L = lanes(np.dtype(dtype).itemsize)
     if min(Wo, _phase_width(Wi, SW)) < L:  # a row of y, and of each phase of x's, holds a vector
         return None
-    if N * O * C * Ho * Wo * KH * KW < max(MIN_WORK, 1):
+    if N * O * C * Ho * Wo * KH * KW < min_work:
         return None
     return DirectConvolution(role, role_names[0], y, x, k, k_axes, N, O, C, Ho, Wo, KH, KW, Hi, Wi, SH, SW,
                              scale, dtype)

@@ -1,6 +1,7 @@
 """halide_ad.dask.function: chunked results equal the whole-array function's, bit for bit."""
 import warnings
 
+import dask
 import numpy as np
 import pytest
 
@@ -8,6 +9,8 @@ da = pytest.importorskip("dask.array")
 
 import halide_ad as hd  # noqa: E402
 import halide_ad.dask as hdd  # noqa: E402
+from halide_ad.blocks import Block  # noqa: E402
+from halide_ad.runtime.engines import direct_conv  # noqa: E402
 from tests.dask import programs as P  # noqa: E402
 
 
@@ -17,6 +20,12 @@ def _chunked(x, chunks):
 
 def _program_keys(arr) -> set:
     return {name for name in arr.dask.layers if "-program-" in name}
+
+
+def _engines(arr) -> list[str]:
+    """The engines of the contractions of `arr`'s one block program."""
+    (block,) = {v for layer in arr.dask.layers.values() for v in layer.values() if isinstance(v, Block)}
+    return [engine for _, _, engine in block.engines]
 
 
 @pytest.mark.parametrize("view", P.VIEWS)
@@ -121,12 +130,23 @@ def test_a_lookup_in_a_small_table_by_chunked_data(rng):
     np.testing.assert_allclose(g_table.compute(), hd.vjp(P.tone_curve, levels, table)[1](ct)[1], rtol=1e-12)
 
 
-def test_a_convolution_whose_whole_array_takes_other_kernels(rng):
+def test_a_convolution_whose_blocks_are_too_small_for_its_kernels_takes_them_anyway(rng):
     """The whole image's 16-channel convolution is big enough for the direct convolution kernels,
-    a 32x32 block's is not: the chunks agree to rounding (docs/dask.md)."""
+    a 32x32 chunk's block is not (direct_conv.MIN_WORK): the blocks take them all the same, as
+    the whole program chose, so forward and input gradient are bit for bit the whole array's."""
     x, w = rng.standard_normal((1, 16, 128, 128)), rng.standard_normal((16, 16, 3, 3))
-    got = hdd.function(P.conv_only)(_chunked(x, (1, 16, 32, 32)), w).compute()
-    np.testing.assert_allclose(got, P.conv_only(x, w), rtol=1e-12, atol=1e-12)
+    assert 16 * 16 * 34 * 34 * 9 < direct_conv.MIN_WORK <= 16 * 16 * 128 * 128 * 9
+    xd = _chunked(x, (1, 16, 32, 32))
+    out, vjp_fn = hdd.vjp(P.conv_only, xd, w)
+    assert _engines(out) == ["direct_conv"]
+    np.testing.assert_array_equal(out.compute(), P.conv_only(x, w))
+    ct = rng.standard_normal(x.shape)
+    grads = vjp_fn(ct)
+    assert _engines(grads[0]) == ["direct_conv"] * 3  # the forward, the input and the weight gradients
+    gx, gw = dask.compute(*grads)
+    rx, rw = hd.vjp(P.conv_only, x, w)[1](ct)
+    np.testing.assert_array_equal(gx, rx)
+    np.testing.assert_allclose(gw, rw, rtol=1e-12, atol=1e-12)  # summed over chunks: to rounding
 
 
 def test_two_chunked_inputs_with_different_chunks(rng):

@@ -7,7 +7,10 @@ import pytest
 from numba import njit
 
 import halide_ad as hd
+from halide_ad.compiler import engine_choices, plan_gradient
+from halide_ad.runtime.contract import Contraction
 from halide_ad.runtime.engines import direct_conv, simd
+from halide_ad.runtime.route import engines
 
 DIRECT = "[computed by a direct convolution kernel]"
 
@@ -228,3 +231,20 @@ def test_vector_operations(dtype):
     np.testing.assert_array_equal(out[:n], expected)
     np.testing.assert_array_equal(out[n:], 0)
     assert total == (a[:n] * a[1]).sum()
+
+
+def test_a_contraction_named_in_route_engines_takes_that_engine_at_any_size(monkeypatch):
+    """What halide_ad.dask's blocks rely on: `compiler.engine_choices` records each contraction's
+    engine, and within `route.engines` of a choice, a contraction too small for the direct kernels
+    takes them (planned only, nothing compiled)."""
+    monkeypatch.setattr(direct_conv, "MIN_WORK", 1 << 24)
+    traced, _ = conv.trace((np.zeros((1, 16, 12, 12)), np.zeros((16, 16, 3, 3))), {})
+    chosen = engine_choices(traced.program, ("x",), ("w",))
+    assert sorted(out for out, _ in chosen) == ["adj_w", "adj_x", "f"]  # the forward and both gradients
+    assert set(chosen.values()) == {"blas"}  # 16 * 16 * 10 * 10 * 9 multiply-adds: below MIN_WORK
+    pinned = dict.fromkeys(chosen, "direct_conv")
+    with engines(pinned):
+        plans = plan_gradient(traced.program, ("x", "w"))
+    taken = [c.plan for p in plans for c in p.contributions if isinstance(c, Contraction)]
+    assert len(taken) == 2 and all(isinstance(plan, direct_conv.DirectPlan) for plan in taken)
+    assert pinned == dict.fromkeys(chosen, "direct_conv")  # nothing new to record
