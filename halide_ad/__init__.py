@@ -20,6 +20,7 @@ _EXPORTS = {
                             "tan", "tanh", "where"),
     "halide_ad.api": ("Function", "func", "grad", "value_and_grad", "vjp"),
     "halide_ad.explain": ("explain",),
+    "halide_ad.updates": ("full", "var", "zeros"),
     "halide_ad.check": ("check_grad",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from halide_ad import config, disk_cache
 from halide_ad.ad import read_by_gradients, reverse_mode
-from halide_ad.ir import Adjoint, Load, Program, Reduce, adjoint_name, is_float
+from halide_ad.ir import Adjoint, Load, Program, Reduce, Update, adjoint_name, is_float
 from halide_ad.runtime.codegen import emit_backward, emit_forward, settings as codegen_settings, split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
@@ -28,6 +28,7 @@ from halide_ad.runtime.inline import inline_adjoints, inline_stages
 from halide_ad.runtime.plans import AdjointPlan, gather_vars
 from halide_ad.runtime.route import route
 from halide_ad.runtime.schedule import piece_exprs
+from halide_ad.runtime.updates import compile_with_updates
 from halide_ad.show import show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
 from halide_ad.traverse import walk
@@ -53,6 +54,8 @@ def compile_forward(program: Program) -> Kernel:
     Funcs that need not be stored are computed where they are read (`inline_stages`); a reduction
     to one point runs as partial results first (`split_reduction`), in a buffer of the kernel's
     own (`Kernel.scratch`)."""
+    if any(isinstance(f, Update) for f in program.funcs):  # update definitions: runtime/updates.py
+        return compile_with_updates(program, compile_forward, read_by_gradients(program))
     steps, sources, segment, scratch = [], [], [], []
     funcs, taken = [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
     stored_shapes = _shapes(program)

@@ -176,6 +176,49 @@ class Func:
         return next(t for t in ("int8", "int16", "int32", "int64") if positions <= np.iinfo(t).max)
 
 
+UPDATE_CALL = "update"  # `Update.body`'s pseudo-call: what it reads, for passes that only walk loads
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """An update definition: buffer `name` is the previous stage `prev`, then
+
+        name[index] = value        at every point of `pure` (independent) x `rdom` where `where` holds,
+
+    the rdom's points in lexicographic order as if serially. Loads of `name` in index, value and
+    where read the buffer as updated so far (a scan reads its own earlier writes); `prev` is read
+    only as the starting contents. `t[i] += v` arrives as `value = t[i] + v`. Each pure variable
+    stands bare in `index` (at `pure_dims`), and reads of `name` use it at the same position, so
+    pure points never touch each other's elements (Halide's rule).
+    """
+    name: str
+    prev: str
+    shape: tuple[int, ...]
+    dtype: str
+    pure: tuple[Range, ...]
+    pure_dims: tuple[int, ...]
+    rdom: tuple[Range, ...]
+    index: tuple[Expr, ...]
+    value: Expr
+    where: Expr | None = None
+    loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+
+    argindex = False
+    keeps_argindex = False
+
+    @property
+    def buffer(self) -> Buffer:
+        return Buffer(self.name, self.shape, self.dtype)
+
+    @property
+    def body(self) -> Expr:
+        """Not evaluable: every expression the update reads, for passes that walk a stage's loads
+        (liveness, reachability). Passes that compute treat Updates on their own."""
+        parts = (Load(self.prev, (), self.dtype), *self.index, self.value) + (
+            (self.where,) if self.where is not None else ())
+        return Call(UPDATE_CALL, parts)
+
+
 def argindex_name(func_name: str) -> str:
     return f"arg_{func_name}"
 
@@ -188,7 +231,7 @@ def adjoint_name(buffer_name: str) -> str:
 class Program:
     name: str
     inputs: tuple[Buffer, ...]
-    funcs: tuple[Func, ...]
+    funcs: tuple[Func | Update, ...]  # stages in order; Updates only from update definitions
     outputs: tuple[str, ...]
 
     def buffer(self, name: str) -> Buffer:
@@ -197,7 +240,7 @@ class Program:
                 return b
         return self.func(name).buffer
 
-    def func(self, name: str) -> Func:
+    def func(self, name: str) -> Func | Update:
         for f in self.funcs:
             if f.name == name:
                 return f

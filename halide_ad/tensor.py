@@ -91,6 +91,10 @@ class Tensor:
             return element(self, index)
         return slice_tensor(self, index)
 
+    def __setitem__(self, index, value):
+        from halide_ad.updates import set_item  # update definitions (halide_ad/updates.py)
+        set_item(self, index, value)
+
     def __bool__(self):
         raise TraceError(f"{self} has no truth value while tracing: Python control flow (`if`, `while`, "
                          "`and`/`or`) and the builtins max/min cannot branch on symbolic tensors; use "

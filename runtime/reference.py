@@ -11,14 +11,15 @@ appends one axis per reduction variable and then reduces those axes away.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from halide_ad.errors import InternalError
+from halide_ad.errors import BoundsError, InternalError
 from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
-                          Scatter, Select, Var, adjoint_name, argindex_name, dtype_of, is_float)
+                          Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,9 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
     out: dict[str, np.ndarray] = {}
     with np.errstate(all="ignore"):  # untaken branches may divide by zero, take log(-1), ...
         for f in program.funcs:
+            if isinstance(f, Update):
+                out[f.name] = buffers[f.name] = _update(f, buffers)
+                continue
             env = _domain(f.domain, buffers)
             if isinstance(f.body, Reduce):
                 value, arg = _reduce(f.body, env)
@@ -163,6 +167,29 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
                 value = _eval(f.body, env)
             out[f.name] = buffers[f.name] = np.broadcast_to(value, f.shape).astype(f.dtype)
     return out
+
+
+def _update(u: Update, buffers: dict[str, np.ndarray]) -> np.ndarray:
+    """The update run as written: the rdom's points one at a time in lexicographic order, each at
+    every pure point at once (pure points never touch each other's elements)."""
+    t = np.array(buffers[u.prev], u.dtype).reshape(u.shape)
+    here = dict(buffers) | {u.name: t}  # reads of u.name see the writes so far
+    pure = _domain(u.pure, here)
+    lead = (1,) * len(pure.shape)
+    for point in itertools.product(*(range(r.lo, r.hi) for r in u.rdom)):
+        grids = pure.grids | {r.var: np.full(lead, x, np.int64) for r, x in zip(u.rdom, point, strict=True)}
+        env = Env(grids, here, pure.shape)
+        mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
+        index = [np.broadcast_to(_eval(e, env), pure.shape)[mask] for e in u.index]
+        value = np.broadcast_to(_eval(u.value, env), pure.shape)[mask]
+        for d, (i, n) in enumerate(zip(index, u.shape, strict=True)):
+            if i.size and (i.min() < 0 or i.max() >= n):
+                bad = i[(i < 0) | (i >= n)][0]
+                raise BoundsError(f"a data-dependent index was {bad}, outside dimension {d} of {u.prev} "
+                                  f"(valid: 0..{n - 1}), written at {u.loc}. Clamp the index (hd.clamp) "
+                                  "or fix the index data.")
+        t[tuple(index)] = value
+    return t
 
 
 def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:

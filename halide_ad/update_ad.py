@@ -1,0 +1,85 @@
+"""Reverse mode through update definitions, by Halide's rules, as scatter contributions that the
+inverter then turns into gathers like any others.
+
+For an update `t1 = t0, then t1[e(p)] = value(p)` over its domain p (pure x rdom), with g = adj_t1:
+
+* an accumulation `t[e] += v` (or -=) where neither e nor v reads t, writes colliding or not (a
+  histogram): adj_t0 = g, and v receives g[e(p)] (`adj_v(p) = adj_t[e(p)]`, a gather for v);
+* writes that z3 proves one-to-one, and reads of t that see no other point's write: t1 is then
+  a function of t0, so adj_t0 = g except at the written elements, and value's reads (of t0, and
+  of other tensors) receive g[e(p)] through value's derivative. An overwritten element's old
+  value gets no gradient; an in-place max or min gives a tie to the old value, the first.
+
+Anything else (a scan that reads its own earlier writes, an in-place max over colliding writes,
+an assignment whose writes may collide) is refused with NotDifferentiableError, never guessed.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from halide_ad.errors import NotDifferentiableError
+from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Scatter, Select, Update, Var, adjoint_name
+from halide_ad.solver.updates import combine, independent_rdom, reads_self
+from halide_ad.traverse import conjunction, rewrite, simplify
+
+
+def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scatter]:
+    domain = u.pure + u.rdom
+    conds = [u.where] if u.where is not None else []
+    at_write = Load(adjoint_name(u.name), u.index, u.dtype)
+    out: list[Scatter] = []
+
+    def emit(load: Load, value: Expr, path: tuple[Expr, ...]) -> None:
+        value = simplify(value)
+        if isinstance(value, Const) and value.value == 0:
+            return
+        out.append(Scatter(load.buffer, load.index, value, domain, conjunction(conds + list(path)), load.loc))
+
+    c = combine(u)
+    if (c is not None and c[0] in (Op.ADD, Op.SUB) and not any(reads_self(u, e) for e in u.index)
+            and not reads_self(u, u.where)):
+        _pass_through(u, needs, out)
+        g = at_write if c[0] is Op.ADD else Call("neg", (at_write,))
+        backprop(c[1], g, (), emit, needs, u)
+        return out
+    if not independent_rdom(u):
+        raise NotDifferentiableError(_refusal(u, c), u.loc)
+    old = lambda n: Load(u.prev, n.index, n.dtype, n.loc) if isinstance(n, Load) and n.buffer == u.name else None  # noqa: E731
+    value = rewrite(_first_extremum(u, c), old)  # no point reads another's write: t1 reads are t0's
+    _pass_through(u, needs, out)
+    if u.prev in needs:
+        emit(Load(u.prev, u.index, u.dtype, u.loc), Call("neg", (at_write,)), ())  # overwritten
+    backprop(value, at_write, (), emit, needs, u)
+    return out
+
+
+def _pass_through(u: Update, needs: set[str], out: list[Scatter]) -> None:
+    """adj_t0 += adj_t1 at every element."""
+    if u.prev not in needs:
+        return
+    vars_ = tuple(Var(f"{u.name}_e{d}") for d in range(len(u.shape)))
+    out.append(Scatter(u.prev, vars_, Load(adjoint_name(u.name), vars_, u.dtype),
+                       tuple(Range(v, 0, n) for v, n in zip(vars_, u.shape, strict=True)), None, u.loc))
+
+
+def _first_extremum(u: Update, c) -> Expr:
+    """An in-place max/min as a select that keeps the old value on a tie: the first extremum."""
+    if c is None or c[0] not in (Op.MAX, Op.MIN):
+        return u.value
+    own = Load(u.name, u.index, u.dtype)
+    keeps = Bin(Op.GE if c[0] is Op.MAX else Op.LE, own, c[1])
+    return Select(keeps, own, c[1])
+
+
+def _refusal(u: Update, c) -> str:
+    what = f"the update of {u.prev}"
+    if reads_self(u, u.value) or any(reads_self(u, e) for e in u.index):
+        why = ("reads elements of the tensor that other points of the same update may write (a scan); "
+               "gradients of scans, which run in reverse, are not supported yet")
+    elif c is not None and c[0] in (Op.MAX, Op.MIN):
+        why = ("is an in-place max/min whose writes may land on one element several times; write it as "
+               "an hd.max/hd.min reduction inside hd.compute, which routes the gradient to the first extremum")
+    else:
+        why = ("may write one element several times (z3 cannot prove the writes one-to-one), so which "
+               "write survives depends on the data; use += (an accumulation), or make the index one-to-one")
+    return f"no gradient through {what}: it {why}"

@@ -1,0 +1,154 @@
+"""How an update definition may run (see docs/updates.md): the highest rung that z3 proves gives
+the serial order's result.
+
+1. parallel: over every pure variable (they never touch each other's elements, by the front end's
+   rule), and over the rdom when z3 proves that distinct rdom points write distinct elements and
+   none reads what another writes;
+3. partial bins: `t[e(r)] += v(r)` (or -=) where neither e nor v reads t, the writes may collide
+   (a histogram) and t is small next to the rdom: a fixed number of partitions of the rdom each
+   fill bins of their own, summed in partition order, so the bits never depend on the thread count;
+4. serial: the rdom's points in lexicographic order (parallel over the pure variables still).
+
+Rung 2 (an invertible affine scatter run as a gather) is not built yet: such updates take rung 1
+when their writes are disjoint, else 3 or 4.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import z3
+
+from halide_ad.errors import BoundsError
+from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Expr, Load, Op, Update, Var, const, is_float
+from halide_ad.solver.bounds import _UNSETTLED, _counterexample, box, checked_at_run_time, interval
+from halide_ad.solver.z3_bridge import Query, Unsupported
+from halide_ad.traverse import simplify, substitute, walk
+
+PARTITIONS = 16  # rung 3's fixed partition count: more than the cores of most machines, few bins each
+_COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    rung: int                       # 1, 3 or 4 (see the module's doc)
+    parallel_rdom: bool             # rung 1: the rdom's points are independent too
+    reason: str                     # for hd.explain
+    partitions: int = 0             # rung 3
+
+
+def reads_self(u: Update, e: Expr | None) -> bool:
+    return e is not None and any(isinstance(n, Load) and n.buffer == u.name for n in walk(e))
+
+
+def combine(u: Update) -> tuple[Op, Expr] | None:
+    """(op, operand) when the update is `t[index] = t[index] <op> operand` and the operand does not
+    read t: `t[i] += v` is (ADD, v). None for a plain assignment or a scan."""
+    value, cast_to = u.value, None
+    if isinstance(value, Cast) and not is_float(value.dtype):  # an int32 tensor plus an int64 literal
+        value, cast_to = value.value, value.dtype
+    if not isinstance(value, Bin) or value.op not in _COMBINING:
+        return None
+    own = Load(u.name, u.index, u.dtype)
+    sides = [(value.lhs, value.rhs)] + ([(value.rhs, value.lhs)] if value.op is not Op.SUB else [])
+    for mine, operand in sides:
+        if _same_load(mine, own) and not reads_self(u, operand):
+            if cast_to is not None:
+                operand = Cast(cast_to, operand) if operand.__class__ is not Cast else operand
+            return value.op, operand
+    return None
+
+
+def _same_load(e: Expr, own: Load) -> bool:
+    if isinstance(e, Cast) and not is_float(e.dtype):
+        e = e.value
+    return isinstance(e, Load) and e.buffer == own.buffer and tuple(map(_bare, e.index)) == tuple(map(_bare, own.index))
+
+
+def _bare(e: Expr) -> Expr:
+    return e.args[0] if isinstance(e, Call) and e.fn == RUN_TIME_CHECKED else e
+
+
+def schedule(u: Update) -> Schedule:
+    if not u.rdom:
+        return Schedule(1, True, "no reduction domain: every point is written once, in parallel over "
+                                 + _names(u.pure) if u.pure else "a single point")
+    if independent_rdom(u):
+        return Schedule(1, True, "z3 proves that distinct rdom points write distinct elements and read "
+                                 "nothing another point writes: parallel over "
+                                 + _names(u.pure + u.rdom))
+    c = combine(u)
+    points = math.prod(r.hi - r.lo for r in u.rdom)
+    size = math.prod(u.shape)
+    pure = f"; parallel over {_names(u.pure)}" if u.pure else ""
+    if (c is not None and c[0] in (Op.ADD, Op.SUB) and not u.pure and not any(reads_self(u, e) for e in u.index)
+            and not reads_self(u, u.where) and points >= 2 * PARTITIONS and size * PARTITIONS <= max(4 * points, 2 ** 16)):
+        return Schedule(3, False, f"writes may collide (the index `{', '.join(map(str, u.index))}` is not "
+                                  f"one-to-one), so {PARTITIONS} fixed partitions of the rdom each sum into "
+                                  "bins of their own, added in partition order: the same bits on any "
+                                  "number of threads", PARTITIONS)
+    why = ("reads of the tensor being updated may see another rdom point's write (a scan)"
+           if reads_self(u, u.value) or any(reads_self(u, e) for e in u.index) else
+           "writes may collide and the update is not a sum into few bins")
+    return Schedule(4, False, f"serial over the rdom in lexicographic order: {why}{pure}")
+
+
+def _names(ranges) -> str:
+    return ", ".join(r.var.name for r in ranges)
+
+
+def independent_rdom(u: Update) -> bool:
+    """z3 proves: two distinct rdom points (at one pure point) write distinct elements, and
+    neither reads the element the other writes."""
+    if any(reads_self(u, e) for e in u.index) or reads_self(u, u.where):
+        return False  # indices computed from the changing tensor: no static answer
+    reads = [n for n in walk(u.value) if isinstance(n, Load) and n.buffer == u.name]
+    q = Query()
+    try:
+        a = {r.var: q.var(r.var) for r in u.pure + u.rdom}
+        b = dict(a) | {r.var: q.var(r.var, "_other") for r in u.rdom}
+        for point in (a, b):
+            for r in u.pure + u.rdom:
+                q.add(r.lo <= point[r.var], point[r.var] < r.hi)
+            if u.where is not None:
+                q.add(q.to_z3(u.where, point))
+        q.add(q.either(*(a[r.var] != b[r.var] for r in u.rdom)))
+        write_a = [q.to_z3(e, a) for e in u.index]
+        clash = [_all_equal(q, write_a, [q.to_z3(e, b) for e in u.index])]
+        clash += [_all_equal(q, write_a, [q.to_z3(e, b) for e in load.index]) for load in reads]
+        q.add(q.either(*clash))
+    except Unsupported:
+        return False
+    return q.check() == "unsat"
+
+
+def _all_equal(q: Query, xs, ys):
+    return z3.And(*(x == y for x, y in zip(xs, ys, strict=True))) if xs else z3.BoolVal(True, q.ctx)
+
+
+def check_write_bounds(u: Update) -> Update:
+    """`u`, once every write is proved inside the tensor; a data-dependent write index is left to
+    the kernel's run-time check (as is one z3 could not settle, marked RUN_TIME_CHECKED); an
+    affine write that can leave the tensor is a BoundsError."""
+    domain = u.pure + u.rdom
+    conds = (u.where,) if u.where is not None else ()
+    index = list(u.index)
+    for d, (e, n) in enumerate(zip(u.index, u.shape, strict=True)):
+        if checked_at_run_time(e):
+            continue
+        iv = interval(e, box(domain))
+        if iv is not None and 0 <= iv[0] and iv[1] < n:
+            continue
+        example = _counterexample(e, n, domain, conds)
+        if example is None:
+            continue
+        if example is _UNSETTLED:
+            index[d] = Call(RUN_TIME_CHECKED, (e,))
+            continue
+        at = ", ".join(f"{k} = {v}" for k, v in example.items())
+        bad = simplify(substitute(e, {Var(k): const(v) for k, v in example.items()}))
+        raise BoundsError(f"the update of {u.prev} writes index {bad} of dimension {d} (valid: 0..{n - 1}) "
+                          f"with `{e}` when {at}. Shrink the hd.rdom's range, or clamp the index "
+                          "(hd.clamp) so that every write stays inside", u.loc)
+    return dataclasses.replace(u, index=tuple(index)) if index != list(u.index) else u
