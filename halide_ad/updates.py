@@ -89,6 +89,9 @@ def set_item(t: Tensor, index, value) -> None:
     for p in sorted(preds, key=str):
         where = p if where is None else ir.Bin(ir.Op.AND, where, p)
     _check_points(prev, pure, rdom, loc)
+    # the writes first: `t[e] += v` reads t[e] too, and an affine write out of range is the error to report
+    index = check_write_bounds(ir.Update(prev, prev, t.buffer.shape, t.buffer.dtype, pure, pure_dims, rdom,
+                                         index, value, where, loc)).index
     index, value = _check_reads(state, t, pure, rdom, index, value, where, loc)
     name = state.fresh_name(prev)
     own = lambda n: ir.Load(name, n.index, n.dtype, n.loc) if isinstance(n, ir.Load) and n.buffer == prev else None  # noqa: E731
@@ -97,7 +100,6 @@ def set_item(t: Tensor, index, value) -> None:
     where = None if where is None else rewrite(where, own)
     _check_pure_reads(name, prev, pure, pure_dims, (*index, value) + ((where,) if where is not None else ()), loc)
     update = ir.Update(name, prev, t.buffer.shape, t.buffer.dtype, pure, pure_dims, rdom, index, value, where, loc)
-    update = check_write_bounds(update)
     state.funcs.append(update)
     t.buffer = update.buffer
 

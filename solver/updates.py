@@ -101,6 +101,8 @@ def _names(ranges) -> str:
 def independent_rdom(u: Update) -> bool:
     """z3 proves: two distinct rdom points (at one pure point) write distinct elements, and
     neither reads the element the other writes."""
+    if not u.rdom:
+        return True  # one write per pure point, and pure points are disjoint by construction
     if any(reads_self(u, e) for e in u.index) or reads_self(u, u.where):
         return False  # indices computed from the changing tensor: no static answer
     reads = [n for n in walk(u.value) if isinstance(n, Load) and n.buffer == u.name]

@@ -1,0 +1,81 @@
+"""Update definitions shared by the tests, at module level so each compiles once."""
+import halide_ad as hd
+
+
+@hd.func
+def histogram(idx, w, bins):
+    h = hd.zeros((bins,), w.dtype)
+    r = hd.rdom(idx.shape[0])
+    h[hd.clamp(idx[r], 0, bins - 1)] += w[r]
+    return h
+
+
+@hd.func
+def histogram_loss(idx, w, bins):
+    return hd.sum(histogram(idx, w, bins) ** 2)
+
+
+@hd.func
+def counts(idx, bins):
+    h = hd.zeros((bins,), "int32")
+    r = hd.rdom(idx.shape[0])
+    h[hd.clamp(idx[r], 0, bins - 1)] += 1
+    return h
+
+
+@hd.func
+def unclamped(idx, w, bins):
+    h = hd.zeros((bins,), w.dtype)
+    r = hd.rdom(idx.shape[0])
+    h[idx[r]] += w[r]
+    return h
+
+
+@hd.func
+def iir(a, b):  # SPEC §1b: y[m, n] = a[m, n] * y[m, n-1] + b[m, n]
+    M, N = b.shape
+    y = hd.compute((M, N), lambda m, n: b[m, n])
+    m, r = hd.var(), hd.rdom((1, N))
+    y[m, r] = a[m, r] * y[m, r - 1] + b[m, r]
+    return y
+
+
+@hd.func
+def cumsum(x):
+    c = hd.compute(x.shape, lambda i: x[i])
+    r = hd.rdom((1, x.shape[0]))
+    c[r] += c[r - 1]
+    return c
+
+
+@hd.func
+def strided_scatter(x):  # out[2r] += x[r]: disjoint affine writes
+    out = hd.full((2 * x.shape[0],), 1.0, x.dtype)
+    r = hd.rdom(x.shape[0])
+    out[2 * r] += x[r] * x[r]
+    return out
+
+
+@hd.func
+def overwrite(x, w):  # y = 3x, then y[r + 1] = w[r]: the overwritten x get no gradient
+    y = hd.compute(x.shape, lambda i: 3 * x[i])
+    r = hd.rdom(w.shape[0])
+    y[r + 1] = hd.sin(w[r]) * y[r + 1]
+    return y
+
+
+@hd.func
+def inplace_max(x, z):  # y[i] = max(y[i], z[i]), pure i: ties go to the old value
+    y = hd.compute(x.shape, lambda i: x[i])
+    i = hd.var()
+    y[i] = hd.maximum(y[i], z[i])
+    return y
+
+
+@hd.func
+def two_updates(x):  # updates apply in program order; later reads see them
+    t = hd.zeros((4,), x.dtype)
+    r = hd.rdom(x.shape[0])
+    t[r % 4] += x[r]
+    t[0] *= 2.0
+    return hd.compute((4,), lambda i: t[i] + t[3 - i])

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from tests.updates import programs as P
+
+
+def _finite_difference(f, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for k in range(x.size):
+        d = np.zeros_like(x)
+        d.flat[k] = eps
+        g.flat[k] = (f(x + d) - f(x - d)) / (2 * eps)
+    return g
+
+
+def test_histogram_gradient_is_a_gather(rng):
+    idx = rng.integers(-2, 8, 40)
+    w = rng.random(40)
+    g = hd.grad(P.histogram_loss, argnums=1)(idx, w, 6)
+    expected = _finite_difference(lambda v: np.sum(np.bincount(np.clip(idx, 0, 5), v, 6) ** 2), w)
+    np.testing.assert_allclose(g, expected, rtol=1e-6, atol=1e-8)
+    assert hd.explain(P.histogram_loss, idx, w, 6).forms("w") == ["gather"]
+
+
+def test_histogram_gradient_matches_torch_index_add(rng):
+    torch = pytest.importorskip("torch")
+    idx = rng.integers(0, 6, 50)
+    w = rng.random(50).astype(np.float32)
+    ct = rng.standard_normal(6).astype(np.float32)
+    _, vjp = hd.vjp(P.histogram, idx, w, 6)
+    tw = torch.tensor(w, requires_grad=True)
+    out = torch.zeros(6).index_add(0, torch.tensor(idx), tw)
+    out.backward(torch.tensor(ct))
+    np.testing.assert_allclose(vjp(ct)[1], tw.grad.numpy(), rtol=1e-6)
+
+
+def test_one_to_one_update_gradients(rng):
+    x, w = rng.random(6), rng.random(3)
+    hd.check_grad(P.overwrite, x, w)
+    gx = hd.vjp(P.overwrite, x, w)[1](np.ones(6))[0]
+    # y[1..3] = sin(w) * 3x: those x still count, through the value; the others get 3
+    np.testing.assert_allclose(gx, [3, *(3 * np.sin(w)), 3, 3])
+
+
+def test_inplace_max_routes_ties_to_the_old_value(rng):
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    z = np.array([0.5, 2.0, 5.0, 4.0])  # ties at 1 and 3
+    gx, gz = hd.vjp(P.inplace_max, x, z)[1](np.ones(4))
+    np.testing.assert_array_equal(gx, [1, 1, 0, 1])
+    np.testing.assert_array_equal(gz, [0, 0, 1, 0])
+
+
+def test_accumulation_gradients_vs_finite_differences(rng):
+    x = rng.random(10)
+    hd.check_grad(P.two_updates, x)
+    hd.check_grad(P.strided_scatter, x[:5])
+
+
+def test_scan_gradient_is_refused(rng):
+    a, b = rng.random((2, 4)), rng.random((2, 4))
+    with pytest.raises(hd.NotDifferentiableError, match="a scan"):
+        hd.vjp(P.iir, a, b)[1](np.ones((2, 4)))
+
+
+def test_explain_names_the_rungs(rng):
+    idx, w = rng.integers(0, 5, 64), rng.random(64)
+    text = str(hd.explain(P.histogram, idx, w, 5))
+    assert "runs at rung 3" in text and "16 fixed partitions" in text
+    text = str(hd.explain(P.iir, rng.random((2, 5)), rng.random((2, 5))))
+    assert "runs at rung 4: serial over the rdom" in text and "no gradient:" in text
+    assert "runs at rung 1" in str(hd.explain(P.strided_scatter, rng.random(4)))

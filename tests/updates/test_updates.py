@@ -1,0 +1,87 @@
+import numba
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from halide_ad.runtime.reference import evaluate
+from tests.updates import programs as P
+
+
+def _reference(fn, *args):
+    traced, arrays = fn.trace(args, {})
+    return evaluate(traced.program, arrays)[traced.program.outputs[0]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_histogram_matches_bincount(rng, dtype):
+    idx = rng.integers(-3, 12, 300)  # out-of-range values clamp into the end bins
+    w = rng.random(300).astype(dtype)
+    out = P.histogram(idx, w, 10)
+    expected = np.bincount(np.clip(idx, 0, 9), w.astype(np.float64), 10)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, expected, rtol=1e-5 if dtype == "float32" else 1e-12)
+    np.testing.assert_allclose(out, _reference(P.histogram, idx, w, 10), rtol=1e-5)
+
+
+def test_histogram_empty_bins_and_size_one(rng):
+    idx = np.array([2, 2, 5] * 20)
+    w = rng.random(60)
+    out = P.histogram(idx, w, 8)
+    assert np.all(out[[0, 1, 3, 4, 6, 7]] == 0)
+    np.testing.assert_allclose(out, np.bincount(idx, w, 8))
+    np.testing.assert_allclose(P.histogram(np.array([7]), np.array([0.5]), 1), [0.5])
+
+
+def test_integer_counts_exact(rng):
+    idx = rng.integers(0, 6, 500)
+    assert np.array_equal(P.counts(idx, 6), np.bincount(idx, minlength=6).astype(np.int32))
+
+
+def test_histogram_bits_do_not_depend_on_thread_count(rng):
+    idx = rng.integers(0, 16, 5000)
+    w = rng.standard_normal(5000).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = P.histogram(idx, w, 16)
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        two = P.histogram(idx, w, 16)
+    finally:
+        numba.set_num_threads(before)
+    assert one.tobytes() == two.tobytes()
+
+
+def test_iir_scan_matches_loop(rng):
+    a, b = rng.random((3, 7)), rng.random((3, 7))
+    y = b.copy()
+    for n in range(1, 7):
+        y[:, n] = a[:, n] * y[:, n - 1] + b[:, n]
+    np.testing.assert_allclose(P.iir(a, b), y, rtol=1e-12)
+    np.testing.assert_allclose(_reference(P.iir, a, b), y, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cumsum(rng, dtype):
+    x = rng.random(9).astype(dtype)
+    np.testing.assert_allclose(P.cumsum(x), np.cumsum(x), rtol=1e-5)
+
+
+def test_affine_scatter_matches_add_at(rng):
+    x = rng.random(5)
+    expected = np.ones(10)
+    np.add.at(expected, 2 * np.arange(5), x * x)
+    np.testing.assert_allclose(P.strided_scatter(x), expected)
+
+
+def test_updates_apply_in_order(rng):
+    x = rng.random(10)
+    t = np.zeros(4)
+    np.add.at(t, np.arange(10) % 4, x)
+    t[0] *= 2
+    np.testing.assert_allclose(P.two_updates(x), t + t[::-1])
+
+
+def test_non_contiguous_inputs(rng):
+    idx = rng.integers(0, 5, (40, 2))[:, 0]
+    w = rng.random((40, 2))[:, 1]
+    np.testing.assert_allclose(P.histogram(idx, w, 5), np.bincount(idx, w, 5))
