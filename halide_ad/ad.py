@@ -15,6 +15,7 @@ from halide_ad.affine import linear_form
 from halide_ad.errors import HalideADError, InternalError, NotDifferentiableError
 from halide_ad.ir import (Adjoint, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
                           Select, Update, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
+from halide_ad.update_ad import update_scatters
 from halide_ad.traverse import (children, conjunction, conjuncts, flat_index, is_zero, loads, simplify,
                                 substitute, walk)
 
@@ -166,7 +167,6 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
 
 def _func_scatters(f: Func | Update, needs: set[str]) -> list[Scatter]:
     if isinstance(f, Update):  # update definitions: halide_ad/update_ad.py
-        from halide_ad.update_ad import update_scatters
         return update_scatters(f, needs, _backprop)
     g: Expr = Load(adjoint_name(f.name), f.vars, f.dtype)
     domain, conds, body = f.domain, [], f.body

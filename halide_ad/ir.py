@@ -202,6 +202,9 @@ class Update:
     value: Expr
     where: Expr | None = None
     loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+    # z3 proved (solver/updates.py, at trace time) that distinct rdom points write distinct elements
+    # and read none that another point writes: the rdom may run in any order
+    independent: bool = False
 
     argindex = False
     keeps_argindex = False

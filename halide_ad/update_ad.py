@@ -18,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from halide_ad.errors import NotDifferentiableError
-from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Scatter, Select, Update, Var, adjoint_name
-from halide_ad.solver.updates import combine, independent_rdom, reads_self
-from halide_ad.traverse import conjunction, rewrite, simplify
+from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Range, Scatter, Select, Update, Var,
+                          adjoint_name, is_float)
+from halide_ad.traverse import conjunction, rewrite, simplify, walk
+
+_COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
 
 
 def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scatter]:
@@ -42,7 +44,7 @@ def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scat
         g = at_write if c[0] is Op.ADD else Call("neg", (at_write,))
         backprop(c[1], g, (), emit, needs, u)
         return out
-    if not independent_rdom(u):
+    if not u.independent:  # (z3's answer, found at trace time: solver/updates.py)
         raise NotDifferentiableError(_refusal(u, c), u.loc)
     old = lambda n: Load(u.prev, n.index, n.dtype, n.loc) if isinstance(n, Load) and n.buffer == u.name else None  # noqa: E731
     value = rewrite(_first_extremum(u, c), old)  # no point reads another's write: t1 reads are t0's
@@ -51,6 +53,38 @@ def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scat
         emit(Load(u.prev, u.index, u.dtype, u.loc), Call("neg", (at_write,)), ())  # overwritten
     backprop(value, at_write, (), emit, needs, u)
     return out
+
+
+def reads_self(u: Update, e: Expr | None) -> bool:
+    return e is not None and any(isinstance(n, Load) and n.buffer == u.name for n in walk(e))
+
+
+def combine(u: Update) -> tuple[Op, Expr] | None:
+    """(op, operand) when the update is `t[index] = t[index] <op> operand` and the operand does not
+    read t: `t[i] += v` is (ADD, v). None for a plain assignment or a scan."""
+    value, cast_to = u.value, None
+    if isinstance(value, Cast) and not is_float(value.dtype):  # an int32 tensor plus an int64 literal
+        value, cast_to = value.value, value.dtype
+    if not isinstance(value, Bin) or value.op not in _COMBINING:
+        return None
+    own = Load(u.name, u.index, u.dtype)
+    sides = [(value.lhs, value.rhs)] + ([(value.rhs, value.lhs)] if value.op is not Op.SUB else [])
+    for mine, operand in sides:
+        if _same_load(mine, own) and not reads_self(u, operand):
+            if cast_to is not None:
+                operand = Cast(cast_to, operand) if operand.__class__ is not Cast else operand
+            return value.op, operand
+    return None
+
+
+def _same_load(e: Expr, own: Load) -> bool:
+    if isinstance(e, Cast) and not is_float(e.dtype):
+        e = e.value
+    return isinstance(e, Load) and e.buffer == own.buffer and tuple(map(_bare, e.index)) == tuple(map(_bare, own.index))
+
+
+def _bare(e: Expr) -> Expr:
+    return e.args[0] if isinstance(e, Call) and e.fn == RUN_TIME_CHECKED else e
 
 
 def _pass_through(u: Update, needs: set[str], out: list[Scatter]) -> None:

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 import z3
 
 from halide_ad.errors import BoundsError
-from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Expr, Load, Op, Update, Var, const, is_float
+from halide_ad.ir import RUN_TIME_CHECKED, Call, Load, Op, Update, Var, const
+from halide_ad.update_ad import combine, reads_self
 from halide_ad.solver.bounds import _UNSETTLED, _counterexample, box, checked_at_run_time, interval
 from halide_ad.solver.z3_bridge import Query, Unsupported
 from halide_ad.traverse import simplify, substitute, walk
 
 PARTITIONS = 16  # rung 3's fixed partition count: more than the cores of most machines, few bins each
-_COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
 
 
 @dataclass(frozen=True)
@@ -38,43 +38,11 @@ class Schedule:
     partitions: int = 0             # rung 3
 
 
-def reads_self(u: Update, e: Expr | None) -> bool:
-    return e is not None and any(isinstance(n, Load) and n.buffer == u.name for n in walk(e))
-
-
-def combine(u: Update) -> tuple[Op, Expr] | None:
-    """(op, operand) when the update is `t[index] = t[index] <op> operand` and the operand does not
-    read t: `t[i] += v` is (ADD, v). None for a plain assignment or a scan."""
-    value, cast_to = u.value, None
-    if isinstance(value, Cast) and not is_float(value.dtype):  # an int32 tensor plus an int64 literal
-        value, cast_to = value.value, value.dtype
-    if not isinstance(value, Bin) or value.op not in _COMBINING:
-        return None
-    own = Load(u.name, u.index, u.dtype)
-    sides = [(value.lhs, value.rhs)] + ([(value.rhs, value.lhs)] if value.op is not Op.SUB else [])
-    for mine, operand in sides:
-        if _same_load(mine, own) and not reads_self(u, operand):
-            if cast_to is not None:
-                operand = Cast(cast_to, operand) if operand.__class__ is not Cast else operand
-            return value.op, operand
-    return None
-
-
-def _same_load(e: Expr, own: Load) -> bool:
-    if isinstance(e, Cast) and not is_float(e.dtype):
-        e = e.value
-    return isinstance(e, Load) and e.buffer == own.buffer and tuple(map(_bare, e.index)) == tuple(map(_bare, own.index))
-
-
-def _bare(e: Expr) -> Expr:
-    return e.args[0] if isinstance(e, Call) and e.fn == RUN_TIME_CHECKED else e
-
-
 def schedule(u: Update) -> Schedule:
     if not u.rdom:
         return Schedule(1, True, "no reduction domain: every point is written once, in parallel over "
                                  + _names(u.pure) if u.pure else "a single point")
-    if independent_rdom(u):
+    if u.independent:
         return Schedule(1, True, "z3 proves that distinct rdom points write distinct elements and read "
                                  "nothing another point writes: parallel over "
                                  + _names(u.pure + u.rdom))
