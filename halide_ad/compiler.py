@@ -28,7 +28,7 @@ from halide_ad.runtime.inline import inline_adjoints, inline_stages
 from halide_ad.runtime.plans import AdjointPlan, gather_vars
 from halide_ad.runtime.route import route
 from halide_ad.runtime.schedule import piece_exprs
-from halide_ad.runtime.updates import compile_with_updates
+from halide_ad.runtime.updates import compile_with_updates, emit_reverse_scan
 from halide_ad.show import show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
 from halide_ad.traverse import walk
@@ -100,7 +100,7 @@ def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
     """Reverse mode, the inverter, then each optional pass that HALIDE_AD_SKIP does not name."""
     adjoints = _dumped("ad", reverse_mode(program, wrt))
     plans = _dumped("invert", [_inverted(adj) for adj in adjoints])
-    shapes = _shapes(program)
+    shapes = _shapes(program) | {adjoint_name(a.buffer): a.shape for a in adjoints}  # (a scan's writes too)
     passes = (("route", lambda plans: route(plans, shapes)),
               ("inline", lambda plans: inline_adjoints(plans, wrt)))
     for name, transform in passes:
@@ -158,6 +158,13 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
         segment.clear()
 
     for plan in plans:
+        if plan.adjoint.scan is not None:  # an update run backwards: runtime/updates.py
+            flush()
+            entry = f"backward{len(sources)}"
+            source, params, checks = emit_reverse_scan(plan.adjoint.scan, _shapes(program), entry)
+            steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
+            sources.append(source)
+            continue
         blas = tuple(c for c in plan.contributions if isinstance(c, Contraction))
         if not blas:
             segment.append(plan)

@@ -79,6 +79,12 @@ def explain(fn, *args, **kwargs) -> Explanation:
     contributions = []
     stored = kernel.buffers()
     for plan in plans:
+        if plan.adjoint.scan is not None:
+            u = plan.adjoint.scan.update
+            order = ", ".join(f"{r.var.name} from {r.hi - 1} down to {r.lo}" for r in u.rdom)
+            contributions.append(Contribution(u.prev, "reverse-scan", f"adj_{u.prev}, adj_{plan.adjoint.buffer}: "
+                                              f"the update of {u.prev} run backwards ({order})", None,
+                                              str(u.loc) if u.loc else None))
         staged = not plan.inlined and ir.adjoint_name(plan.adjoint.buffer) not in stored
         for c in plan.contributions:
             routed = ""

@@ -205,6 +205,10 @@ class Update:
     # z3 proved (solver/updates.py, at trace time) that distinct rdom points write distinct elements
     # and read none that another point writes: the rdom may run in any order
     independent: bool = False
+    # z3 proved (at trace time) that its writes are one-to-one and that each read of the tensor,
+    # other than of the element being written, sees its final value: its adjoint is the update
+    # run backwards (`ReverseScan`)
+    reversible: bool = False
 
     argindex = False
     keeps_argindex = False
@@ -347,10 +351,33 @@ class Scatter:
 
 
 @dataclass(frozen=True)
+class ReverseScan:
+    """A scan's adjoint: its update run backwards (halide_ad/update_ad.py). adj_<prev> starts as
+    adj_<update>; then at each point of the update's domain, in reverse order, where the update's
+    predicate holds: g = adj_<prev>[index] is kept in adj_<writes>[point], adj_<prev>[index] = 0,
+    and each term adds `adj_<prev>[term.index] += term.value` (terms read g from adj_<writes>)."""
+    update: Update
+    writes: str  # adj_<writes>[pure..., rdom - lo...]: the adjoint of each point's written value
+    terms: tuple[Scatter, ...]
+
+    @property
+    def writes_shape(self) -> tuple[int, ...]:
+        return tuple(r.hi - r.lo for r in self.update.pure + self.update.rdom)
+
+    def exprs(self) -> list[Expr]:
+        """Everything the backward kernel evaluates."""
+        u = self.update
+        return [*u.index, *([u.where] if u.where is not None else []),
+                *(e for t in self.terms for e in (t.value, *t.index, *([t.where] if t.where is not None else [])))]
+
+
+@dataclass(frozen=True)
 class Adjoint:
-    """adj_<buffer> = (cotangent if seeded) + the sum of `scatters`."""
+    """adj_<buffer> = (cotangent if seeded) + the sum of `scatters`; or, with `scan`, computed by
+    running that scan backwards (it fills adj_<scan.update.prev> too)."""
     buffer: str
     shape: tuple[int, ...]
     dtype: str
     seeded: bool
     scatters: tuple[Scatter, ...]
+    scan: ReverseScan | None = None

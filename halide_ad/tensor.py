@@ -543,6 +543,10 @@ def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor:
 
 
 def tensor_binary(op: ir.Op, a, b) -> Tensor:
+    if any(isinstance(x, Expr) for x in (a, b)):  # a 0-d tensor (`w[0]`) is one element: an update's value
+        a, b = (element(x, ()) if isinstance(x, Tensor) and x.ndim == 0 else x for x in (a, b))
+        if not any(isinstance(x, Tensor) for x in (a, b)):
+            return binary(op, a, b)
     for x in (a, b):
         if isinstance(x, Expr):
             raise TraceError(f"cannot combine a whole tensor with the element expression `{x.node}`; "

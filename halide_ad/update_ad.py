@@ -18,11 +18,60 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from halide_ad.errors import NotDifferentiableError
-from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Range, Scatter, Select, Update, Var,
-                          adjoint_name, is_float)
+from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Range, ReverseScan, Scatter, Select,
+                          Update, Var, adjoint_name, is_float)
 from halide_ad.traverse import conjunction, rewrite, simplify, walk
 
 _COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
+
+
+def update_adjoint(u: Update, needs: set[str], backprop: Callable) -> tuple[list[Scatter], ReverseScan | None]:
+    """The scatter contributions of update `u`, and for a scan, the `ReverseScan` that computes
+    adj_<u.prev> and the adjoint of each written value (which those scatters read)."""
+    if u.reversible and not u.independent and combine_kind(u) != "accumulation":
+        return _reverse_scan(u, needs, backprop)
+    return update_scatters(u, needs, backprop), None
+
+
+def combine_kind(u: Update) -> str | None:
+    c = combine(u)
+    if (c is not None and c[0] in (Op.ADD, Op.SUB) and not any(reads_self(u, e) for e in u.index)
+            and not reads_self(u, u.where)):
+        return "accumulation"
+    return None
+
+
+def _reverse_scan(u: Update, needs: set[str], backprop: Callable) -> tuple[list[Scatter], ReverseScan]:
+    """Reads of the tensor at the element being written see its old value, which is `prev`'s (the
+    writes are one-to-one); other reads see final values (z3 proved it): the derivative's
+    expressions read those, and what they contribute to the tensor goes into adj_<prev>, the
+    adjoint of the tensor as the backward run goes."""
+    writes = f"{u.name}_writes"
+    domain = u.pure + u.rdom
+    g = Load(adjoint_name(writes), tuple(r.var if not r.lo else Bin(Op.SUB, r.var, Const(r.lo, "int64"))
+                                         for r in domain), u.dtype)
+    conds = [u.where] if u.where is not None else []
+    own = lambda n: Load(u.prev, n.index, n.dtype, n.loc) if is_own_read(u, n) else None  # noqa: E731
+    value = rewrite(_first_extremum(u, combine(u)), own)
+    terms: list[Scatter] = []
+    out: list[Scatter] = []
+
+    def emit(load: Load, contribution: Expr, path: tuple[Expr, ...]) -> None:
+        contribution = simplify(contribution)
+        if isinstance(contribution, Const) and contribution.value == 0:
+            return
+        into = terms if load.buffer in (u.name, u.prev) else out
+        into.append(Scatter(u.prev if into is terms else load.buffer, load.index, contribution, domain,
+                            conjunction(conds + list(path)), load.loc))
+
+    backprop(value, g, (), emit, needs | {u.name, u.prev}, u)
+    return out, ReverseScan(u, writes, tuple(terms))
+
+
+def is_own_read(u: Update, n: Expr) -> bool:
+    """A read of the tensor at exactly the element this point writes."""
+    return (isinstance(n, Load) and n.buffer == u.name
+            and tuple(map(_bare, n.index)) == tuple(map(_bare, u.index)))
 
 
 def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scatter]:
@@ -38,8 +87,7 @@ def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scat
         out.append(Scatter(load.buffer, load.index, value, domain, conjunction(conds + list(path)), load.loc))
 
     c = combine(u)
-    if (c is not None and c[0] in (Op.ADD, Op.SUB) and not any(reads_self(u, e) for e in u.index)
-            and not reads_self(u, u.where)):
+    if combine_kind(u) == "accumulation":
         _pass_through(u, needs, out)
         g = at_write if c[0] is Op.ADD else Call("neg", (at_write,))
         backprop(c[1], g, (), emit, needs, u)

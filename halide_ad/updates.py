@@ -14,7 +14,7 @@ from halide_ad import config, ir
 from halide_ad.errors import ShapeError, TraceError, is_user_frame, user_loc
 from halide_ad.expr import Expr, to_node
 from halide_ad.solver.bounds import check_bounds
-from halide_ad.solver.updates import check_write_bounds, independent_rdom
+from halide_ad.solver.updates import check_write_bounds, independent_rdom, reversible
 from halide_ad.tensor import Tensor, _assigned_names, _check_shape, _index_nodes, _lift_reductions, compute, element, \
     is_tensorlike
 from halide_ad.trace import require
@@ -101,7 +101,8 @@ def set_item(t: Tensor, index, value) -> None:
     where = None if where is None else rewrite(where, own)
     _check_pure_reads(name, prev, pure, pure_dims, (*index, value) + ((where,) if where is not None else ()), loc)
     update = ir.Update(name, prev, t.buffer.shape, t.buffer.dtype, pure, pure_dims, rdom, index, value, where, loc)
-    update = dataclasses.replace(update, independent=independent_rdom(update))
+    independent = independent_rdom(update)
+    update = dataclasses.replace(update, independent=independent, reversible=not independent and reversible(update))
     state.funcs.append(update)
     t.buffer = update.buffer
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from halide_ad.errors import BoundsError, InternalError
 from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
-                          Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float)
+                          ReverseScan, Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float)
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,28 @@ def _update(u: Update, buffers: dict[str, np.ndarray]) -> np.ndarray:
     return t
 
 
+def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
+    """The update run backwards, as `ReverseScan` says: adj_<prev> and adj_<writes> into `buffers`."""
+    u = scan.update
+    adj = buffers[adjoint_name(u.prev)] = np.array(buffers[adjoint_name(u.name)], u.dtype).reshape(u.shape)
+    writes = buffers[adjoint_name(scan.writes)] = np.zeros(scan.writes_shape, u.dtype)
+    pure = _domain(u.pure, buffers)
+    lead = (1,) * len(pure.shape)
+    at = tuple(np.broadcast_to(pure.grids[r.var], pure.shape) for r in u.pure)
+    for point in reversed(list(itertools.product(*(range(r.lo, r.hi) for r in u.rdom)))):
+        grids = pure.grids | {r.var: np.full(lead, x, np.int64) for r, x in zip(u.rdom, point, strict=True)}
+        env = Env(grids, buffers, pure.shape)
+        mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
+        index = tuple(np.broadcast_to(_eval(e, env), pure.shape)[mask] for e in u.index)
+        slot = tuple(a[mask] for a in at) + tuple(np.full(mask.sum(), x - r.lo) for r, x in zip(u.rdom, point))
+        writes[slot] = adj[index]
+        adj[index] = 0
+        for term in scan.terms:
+            keep = mask if term.where is None else mask & np.broadcast_to(_eval(term.where, env), pure.shape)
+            value = np.broadcast_to(_eval(term.value, env), pure.shape)[keep]
+            np.add.at(adj, tuple(np.broadcast_to(_eval(e, env), pure.shape)[keep] for e in term.index), value)
+
+
 def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
     """For every point of s.domain where s.where holds: adj[s.index] += s.value, serially."""
     env = _domain(s.domain, buffers)
@@ -224,7 +246,11 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
                    for k, a in buffers.items()}
     with np.errstate(all="ignore"):
         for adjoint in adjoints:  # outputs first: a scatter reads earlier adjoints
-            adj = np.zeros(adjoint.shape, adjoint.dtype)
+            if adjoint.scan is not None:
+                _reverse_scan(adjoint.scan, env_buffers)
+                continue
+            # (an update's reverse scan may have filled it already)
+            adj = env_buffers.get(adjoint_name(adjoint.buffer), np.zeros(adjoint.shape, adjoint.dtype))
             if adjoint.seeded:
                 if adjoint.buffer not in cotangents:
                     raise ValueError(f"no cotangent for output {adjoint.buffer}")

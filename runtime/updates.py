@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from halide_ad.ir import Buffer, Load, Op, Program, Update
+from halide_ad.ir import Buffer, Load, Op, Program, ReverseScan, Update, adjoint_name
 from halide_ad.runtime.codegen import Emitter, _function, _open_loop
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.execute import Kernel, NumbaStep
@@ -45,7 +45,7 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]], entry: str) -> tu
     w.line(f"# update of {u.prev} (rung {s.rung}): {u.name}[{', '.join(map(show, u.index))}] = {show(u.value)}"
            + (f"  ({u.loc})" if u.loc else ""))
     em.used[u.name] = None  # (the output first among the kernel's parameters)
-    _copy(w, em, u)
+    _copy(w, em, u.name, u.prev, u.shape)
     if s.rung == 3:
         _emit_partitioned(w, em, u, s)
     else:
@@ -60,15 +60,15 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]], entry: str) -> tu
     return _function(em, entry), list(em.used), em.checks, s
 
 
-def _copy(w, em: Emitter, u: Update) -> None:
-    """name = prev, element by element (parallel over the first dimension)."""
+def _copy(w, em: Emitter, dst: str, src: str, shape: tuple[int, ...]) -> None:
+    """dst = src, element by element (parallel over the first dimension)."""
     depth = w.depth
-    dims = u.shape or (1,)
+    dims = shape or (1,)
     names = [f"c{d}__" for d in range(len(dims))]
     for d, (name, n) in enumerate(zip(names, dims, strict=True)):
         _open_loop(w, name, f"0, {n}", d == 0 and n > 1)
-    em.used[u.prev] = None
-    w.line(f"{u.name}[{', '.join(names)}] = {u.prev}[{', '.join(names)}]")
+    em.used[dst] = em.used[src] = None
+    w.line(f"{dst}[{', '.join(names)}] = {src}[{', '.join(names)}]")
     w.depth = depth
 
 
@@ -96,6 +96,45 @@ def _emit_write(w, em: Emitter, u: Update, store: Callable[[str], str]) -> None:
         w.line("else:")
         w.depth += 1
     w.line(store(", ".join(names) or "0"))
+
+
+def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]], entry: str) -> tuple[str, list[str], list[str]]:
+    """(source of `entry(...)`, its parameters, its run-time checks): the update run backwards, as
+    `ir.ReverseScan` says. Pure points stay independent (parallel over the first); the rdom runs
+    in reverse lexicographic order."""
+    u = scan.update
+    adj, writes = adjoint_name(u.prev), adjoint_name(scan.writes)
+    em = Emitter(dict(shapes) | {writes: scan.writes_shape})
+    w = em.out
+    w.depth = 1
+    w.line(f"# the update of {u.prev} run backwards  ({u.loc})" if u.loc else f"# the update of {u.prev} run backwards")
+    _copy(w, em, adj, adjoint_name(u.name), u.shape)
+    em.used[writes] = None
+    for k, r in enumerate(u.pure):
+        _open_loop(w, em.name(r.var), f"0, {r.hi}", k == 0 and r.hi > 1)
+    for r in u.rdom:
+        w.line(f"for {em.name(r.var)} in range({r.hi - 1}, {r.lo - 1}, -1):")
+        w.depth += 1
+    if u.where is not None:
+        w.line(f"if {em.expr(u.where)}:")
+        w.depth += 1
+    at = [f"w{d}__" for d in range(len(u.index))]
+    for name, e in zip(at, u.index, strict=True):
+        w.line(f"{name} = {em.expr(e)}")
+    written = f"{adj}[{', '.join(at) or '0'}]"
+    point = ", ".join(em.name(r.var) + (f" - {r.lo}" if r.lo else "") for r in u.pure + u.rdom)
+    w.line(f"{writes}[{point or '0'}] = {written}")
+    w.line(f"{written} = 0")
+    for term in scan.terms:
+        depth = w.depth
+        if term.where is not None and term.where != u.where:
+            w.line(f"if {em.expr(term.where)}:")
+            w.depth += 1
+        w.line(f"{em.index(adj, term.index, str(term.loc) if term.loc else adj)} += {em.expr(term.value)}")
+        w.depth = depth
+    w.depth = 1
+    w.line("return None")
+    return _function(em, entry), list(em.used), em.checks
 
 
 def _needs_check(e, n: int, ranges) -> bool:

@@ -22,7 +22,7 @@ import z3
 
 from halide_ad.errors import BoundsError
 from halide_ad.ir import RUN_TIME_CHECKED, Call, Load, Op, Update, Var, const
-from halide_ad.update_ad import combine, reads_self
+from halide_ad.update_ad import combine, is_own_read, reads_self
 from halide_ad.solver.bounds import _UNSETTLED, _counterexample, box, checked_at_run_time, interval
 from halide_ad.solver.z3_bridge import Query, Unsupported
 from halide_ad.traverse import simplify, substitute, walk
@@ -91,6 +91,43 @@ def independent_rdom(u: Update) -> bool:
     except Unsupported:
         return False
     return q.check() == "unsat"
+
+
+def reversible(u: Update) -> bool:
+    """z3 proves what running `u` backwards for its adjoint needs: distinct points write distinct
+    elements, and a read of the tensor at any other element than the one being written is never
+    of an element that this point or a later one (in the rdom's order) writes, so it sees the
+    element's final value."""
+    if not u.rdom or any(reads_self(u, e) for e in u.index) or reads_self(u, u.where):
+        return False
+    others = [n for n in walk(u.value) if isinstance(n, Load) and n.buffer == u.name and not is_own_read(u, n)]
+    q = Query()
+    try:
+        a = {r.var: q.var(r.var) for r in u.pure + u.rdom}
+        b = dict(a) | {r.var: q.var(r.var, "_other") for r in u.rdom}
+        for point in (a, b):
+            for r in u.pure + u.rdom:
+                q.add(r.lo <= point[r.var], point[r.var] < r.hi)
+            if u.where is not None:
+                q.add(q.to_z3(u.where, point))
+        write_a = [q.to_z3(e, a) for e in u.index]
+        collide = z3.And(z3.Or(*(a[r.var] != b[r.var] for r in u.rdom)),
+                         _all_equal(q, write_a, [q.to_z3(e, b) for e in u.index]))
+        later = _not_before(q, [a[r.var] for r in u.rdom], [b[r.var] for r in u.rdom])
+        stale = [z3.And(later, _all_equal(q, write_a, [q.to_z3(e, b) for e in load.index])) for load in others]
+        q.add(z3.Or(collide, *stale))
+    except Unsupported:
+        return False
+    return q.check() == "unsat"
+
+
+def _not_before(q: Query, a: list, b: list):
+    """a >= b in lexicographic order."""
+    terms, equal = [], []
+    for x, y in zip(a, b, strict=True):
+        terms.append(z3.And(*equal, x > y))
+        equal.append(x == y)
+    return z3.Or(*terms, z3.And(*equal))
 
 
 def _all_equal(q: Query, xs, ys):

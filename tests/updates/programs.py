@@ -41,6 +41,14 @@ def iir(a, b):  # SPEC §1b: y[m, n] = a[m, n] * y[m, n-1] + b[m, n]
 
 
 @hd.func
+def rnn(w, u):  # h[n] = tanh(w h[n-1] + u[n])
+    h = hd.compute(u.shape, lambda n: hd.tanh(u[n]))
+    r = hd.rdom((1, u.shape[0]))
+    h[r] = hd.tanh(w[0] * h[r - 1] + u[r])
+    return h
+
+
+@hd.func
 def cumsum(x):
     c = hd.compute(x.shape, lambda i: x[i])
     r = hd.rdom((1, x.shape[0]))
