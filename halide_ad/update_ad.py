@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from halide_ad.errors import NotDifferentiableError
-from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Range, ReverseScan, Scatter, Select,
-                          Update, Var, adjoint_name, is_float)
+from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Range, ReverseScan, Scatter,
+                          Select, Update, Var, adjoint_name, is_float)
 from halide_ad.traverse import conjunction, rewrite, simplify, walk
 
 _COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
@@ -94,8 +94,10 @@ def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scat
         return out
     if not u.independent:  # (z3's answer, found at trace time: solver/updates.py)
         raise NotDifferentiableError(_refusal(u, c), u.loc)
-    old = lambda n: Load(u.prev, n.index, n.dtype, n.loc) if isinstance(n, Load) and n.buffer == u.name else None  # noqa: E731
-    value = rewrite(_first_extremum(u, c), old)  # no point reads another's write: t1 reads are t0's
+    def old(n: Expr) -> Expr | None:  # no point reads another's write: its reads of t1 are of t0
+        return Load(u.prev, n.index, n.dtype, n.loc) if isinstance(n, Load) and n.buffer == u.name else None
+
+    value = rewrite(_first_extremum(u, c), old)
     _pass_through(u, needs, out)
     if u.prev in needs:
         emit(Load(u.prev, u.index, u.dtype, u.loc), Call("neg", (at_write,)), ())  # overwritten

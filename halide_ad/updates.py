@@ -15,8 +15,8 @@ from halide_ad.errors import ShapeError, TraceError, is_user_frame, user_loc
 from halide_ad.expr import Expr, to_node
 from halide_ad.solver.bounds import check_bounds
 from halide_ad.solver.updates import check_write_bounds, independent_rdom, reversible
-from halide_ad.tensor import Tensor, _assigned_names, _check_shape, _index_nodes, _lift_reductions, compute, element, \
-    is_tensorlike
+from halide_ad.tensor import (Tensor, _assigned_names, _check_shape, _index_nodes, _lift_reductions, compute, element,
+                              is_tensorlike)
 from halide_ad.trace import require
 from halide_ad.traverse import free_vars, rewrite, walk
 
@@ -95,7 +95,9 @@ def set_item(t: Tensor, index, value) -> None:
                                          index, value, where, loc)).index
     index, value = _check_reads(state, t, pure, rdom, index, value, where, loc)
     name = state.fresh_name(prev)
-    own = lambda n: ir.Load(name, n.index, n.dtype, n.loc) if isinstance(n, ir.Load) and n.buffer == prev else None  # noqa: E731
+    def own(n: ir.Expr) -> ir.Expr | None:  # reads of the tensor read the stage being written
+        return ir.Load(name, n.index, n.dtype, n.loc) if isinstance(n, ir.Load) and n.buffer == prev else None
+
     index = tuple(rewrite(e, own) for e in index)
     value = rewrite(value, own)
     where = None if where is None else rewrite(where, own)
@@ -154,7 +156,8 @@ def _check_reads(state, t: Tensor, pure, rdom, index, value, where, loc):
     domain."""
     parts = ir.Call(ir.UPDATE_CALL, (*index, value))
     body = ir.Reduce("sum", parts, rdom, where, loc) if rdom else parts
-    probe = ir.Func(t.name + "_update", tuple(r.var for r in pure), tuple(r.hi for r in pure), body, t.buffer.dtype, loc)
+    probe = ir.Func(t.name + "_update", tuple(r.var for r in pure), tuple(r.hi for r in pure), body,
+                    t.buffer.dtype, loc)
     checked = check_bounds(probe, state.buffer).body
     args = (checked.body if rdom else checked).args
     return args[:-1], args[-1]

@@ -205,7 +205,8 @@ def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
         env = Env(grids, buffers, pure.shape)
         mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
         index = tuple(np.broadcast_to(_eval(e, env), pure.shape)[mask] for e in u.index)
-        slot = tuple(a[mask] for a in at) + tuple(np.full(mask.sum(), x - r.lo) for r, x in zip(u.rdom, point))
+        slot = tuple(a[mask] for a in at) + tuple(np.full(mask.sum(), x - r.lo) for r, x in zip(u.rdom, point,
+                                                                                                 strict=True))
         writes[slot] = adj[index]
         adj[index] = 0
         for term in scan.terms:

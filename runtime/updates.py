@@ -33,7 +33,8 @@ def bins_buffer(u: Update, s: Schedule) -> Buffer:
     return Buffer(f"{u.name}_bins", (s.partitions,) + (u.shape or (1,)), u.dtype)
 
 
-def emit_update(u: Update, shapes: dict[str, tuple[int, ...]], entry: str) -> tuple[str, list[str], list[str], Schedule]:
+def emit_update(u: Update, shapes: dict[str, tuple[int, ...]],
+                entry: str) -> tuple[str, list[str], list[str], Schedule]:
     """(source of `entry(...)`, its parameters, its run-time checks, the schedule it follows)."""
     s = schedule(u)
     shapes = dict(shapes)
@@ -98,7 +99,8 @@ def _emit_write(w, em: Emitter, u: Update, store: Callable[[str], str]) -> None:
     w.line(store(", ".join(names) or "0"))
 
 
-def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]], entry: str) -> tuple[str, list[str], list[str]]:
+def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
+                      entry: str) -> tuple[str, list[str], list[str]]:
     """(source of `entry(...)`, its parameters, its run-time checks): the update run backwards, as
     `ir.ReverseScan` says. Pure points stay independent (parallel over the first); the rdom runs
     in reverse lexicographic order."""

@@ -50,8 +50,9 @@ def schedule(u: Update) -> Schedule:
     points = math.prod(r.hi - r.lo for r in u.rdom)
     size = math.prod(u.shape)
     pure = f"; parallel over {_names(u.pure)}" if u.pure else ""
-    if (c is not None and c[0] in (Op.ADD, Op.SUB) and not u.pure and not any(reads_self(u, e) for e in u.index)
-            and not reads_self(u, u.where) and points >= 2 * PARTITIONS and size * PARTITIONS <= max(4 * points, 2 ** 16)):
+    few_bins = points >= 2 * PARTITIONS and size * PARTITIONS <= max(4 * points, 2 ** 16)
+    if (c is not None and c[0] in (Op.ADD, Op.SUB) and not u.pure and few_bins
+            and not any(reads_self(u, e) for e in u.index) and not reads_self(u, u.where)):
         return Schedule(3, False, f"writes may collide (the index `{', '.join(map(str, u.index))}` is not "
                                   f"one-to-one), so {PARTITIONS} fixed partitions of the rdom each sum into "
                                   "bins of their own, added in partition order: the same bits on any "

@@ -127,3 +127,17 @@ def test_explain_names_the_rungs(rng):
     text = str(hd.explain(P.iir, rng.random((2, 5)), rng.random((2, 5))))
     assert "runs at rung 4: serial over the rdom" in text and "run backwards (r from 4 down to 1)" in text
     assert "runs at rung 1" in str(hd.explain(P.strided_scatter, rng.random(4)))
+
+
+def test_reference_interpreter_agrees_with_the_kernels(rng):
+    from halide_ad.ad import reverse_mode
+    from halide_ad.runtime.reference import evaluate, scatter_adjoints
+    a, b, ct = rng.random((2, 5)), rng.random((2, 5)), rng.standard_normal((2, 5))
+    traced, arrays = P.iir.trace((a, b), {})
+    program = traced.program
+    wrt = tuple(traced.arg_names)  # the buffers of a and b
+    expected = scatter_adjoints(program, reverse_mode(program, wrt), wrt, arrays | evaluate(program, arrays),
+                                {program.outputs[0]: ct})
+    ga, gb = hd.vjp(P.iir, a, b)[1](ct)
+    np.testing.assert_allclose(expected[wrt[0]], ga, rtol=1e-12)
+    np.testing.assert_allclose(expected[wrt[1]], gb, rtol=1e-12)

@@ -2,7 +2,6 @@ import numba
 import numpy as np
 import pytest
 
-import halide_ad as hd
 from halide_ad.runtime.reference import evaluate
 from tests.updates import programs as P
 
