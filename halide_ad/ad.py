@@ -176,17 +176,22 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
         adjoints.append(Adjoint(name, buffer.shape, buffer.dtype, name in program.outputs,
                                 _merge(contributions.get(name, []))))
         if name in scans:  # right after the update's own adjoint, which it reads
-            adjoints.append(_scan_adjoint(scans[name], contributions))
+            adjoints += _scan_adjoints(scans[name], contributions)
     return adjoints
 
 
-def _scan_adjoint(scan: ReverseScan, contributions: dict[str, list[Scatter]]) -> Adjoint:
+def _scan_adjoints(scan: ReverseScan, contributions: dict[str, list[Scatter]]) -> list[Adjoint]:
+    """The buffers a backward run fills: a taped one's working copy and per-point contributions
+    (buffers of the gradient's own, allocated as adjoints are), then the one that runs it."""
     u = scan.update
+    own = [Adjoint(name, scan.writes_shape, u.dtype, False, ()) for name, _ in scan.stored]
+    if scan.state is not None:
+        own.append(Adjoint(scan.state, u.shape, u.dtype, False, ()))
     if contributions.get(u.prev):
         raise NotDifferentiableError(f"no gradient through the update of {u.prev}: it is a scan, whose "
                                      f"adjoint runs it backwards, and {u.prev} is also read before the "
                                      "update; read a copy made with hd.compute instead", u.loc)
-    return Adjoint(scan.writes, scan.writes_shape, u.dtype, False, (), scan)
+    return own + [Adjoint(scan.writes, scan.writes_shape, u.dtype, False, (), scan)]
 
 
 def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:

@@ -209,6 +209,9 @@ class Update:
     # other than of the element being written, sees its final value: its adjoint is the update
     # run backwards (`ReverseScan`)
     reversible: bool = False
+    # neither: the forward records each point's overwritten value (`tape_name`), and the adjoint
+    # rolls the tensor back point by point (a Horner loop, an in-place max over colliding writes)
+    taped: bool = False
 
     argindex = False
     keeps_argindex = False
@@ -224,6 +227,11 @@ class Update:
         parts = (Load(self.prev, (), self.dtype), *self.index, self.value) + (
             (self.where,) if self.where is not None else ())
         return Call(UPDATE_CALL, parts)
+
+
+def tape_name(update_name: str) -> str:
+    """The forward's record of what a taped update overwrote, per point of its domain."""
+    return f"{update_name}_tape"
 
 
 def argindex_name(func_name: str) -> str:
@@ -355,10 +363,17 @@ class ReverseScan:
     """A scan's adjoint: its update run backwards (halide_ad/update_ad.py). adj_<prev> starts as
     adj_<update>; then at each point of the update's domain, in reverse order, where the update's
     predicate holds: g = adj_<prev>[index] is kept in adj_<writes>[point], adj_<prev>[index] = 0,
-    and each term adds `adj_<prev>[term.index] += term.value` (terms read g from adj_<writes>)."""
+    and each term adds `adj_<prev>[term.index] += term.value` (terms read g from adj_<writes>).
+
+    A taped update first rolls its element back, adj_<state>[index] = tape[point], in a copy of the
+    final tensor (adj_<state>, which the terms read as the tensor); the derivative's contributions
+    to other tensors, which read that state too, are kept per point in `stored` (adj_<name>[point]
+    = value) for the scatters that read them."""
     update: Update
     writes: str  # adj_<writes>[pure..., rdom - lo...]: the adjoint of each point's written value
     terms: tuple[Scatter, ...]
+    state: str | None = None  # taped: the working copy of the tensor
+    stored: tuple[tuple[str, Expr], ...] = ()
 
     @property
     def writes_shape(self) -> tuple[int, ...]:
@@ -368,7 +383,8 @@ class ReverseScan:
         """Everything the backward kernel evaluates."""
         u = self.update
         return [*u.index, *([u.where] if u.where is not None else []),
-                *(e for t in self.terms for e in (t.value, *t.index, *([t.where] if t.where is not None else [])))]
+                *(e for t in self.terms for e in (t.value, *t.index, *([t.where] if t.where is not None else []))),
+                *(value for _, value in self.stored)]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from halide_ad.errors import NotDifferentiableError
 from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Range, ReverseScan, Scatter,
-                          Select, Update, Var, adjoint_name, is_float)
+                          Select, Update, Var, adjoint_name, dtype_of, is_float)
 from halide_ad.traverse import conjunction, rewrite, simplify, walk
 
 _COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
@@ -28,7 +28,7 @@ _COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
 def update_adjoint(u: Update, needs: set[str], backprop: Callable) -> tuple[list[Scatter], ReverseScan | None]:
     """The scatter contributions of update `u`, and for a scan, the `ReverseScan` that computes
     adj_<u.prev> and the adjoint of each written value (which those scatters read)."""
-    if u.reversible and not u.independent and combine_kind(u) != "accumulation":
+    if (u.reversible or u.taped) and not u.independent and combine_kind(u) != "accumulation":
         return _reverse_scan(u, needs, backprop)
     return update_scatters(u, needs, backprop), None
 
@@ -42,30 +42,50 @@ def combine_kind(u: Update) -> str | None:
 
 
 def _reverse_scan(u: Update, needs: set[str], backprop: Callable) -> tuple[list[Scatter], ReverseScan]:
-    """Reads of the tensor at the element being written see its old value, which is `prev`'s (the
-    writes are one-to-one); other reads see final values (z3 proved it): the derivative's
-    expressions read those, and what they contribute to the tensor goes into adj_<prev>, the
-    adjoint of the tensor as the backward run goes."""
+    """Untaped (`u.reversible`): reads of the tensor at the element being written see its old
+    value, which is `prev`'s (the writes are one-to-one); other reads see final values (z3 proved
+    it). Taped: every read sees the working copy, rolled back to the point's state. The
+    derivative's contributions to the tensor go into adj_<prev>, the adjoint of the tensor as the
+    backward run goes."""
     writes = f"{u.name}_writes"
     domain = u.pure + u.rdom
-    g = Load(adjoint_name(writes), tuple(r.var if not r.lo else Bin(Op.SUB, r.var, Const(r.lo, "int64"))
-                                         for r in domain), u.dtype)
+    point = tuple(r.var if not r.lo else Bin(Op.SUB, r.var, Const(r.lo, "int64")) for r in domain)
+    g = Load(adjoint_name(writes), point, u.dtype)
     conds = [u.where] if u.where is not None else []
-    own = lambda n: Load(u.prev, n.index, n.dtype, n.loc) if is_own_read(u, n) else None  # noqa: E731
-    value = rewrite(_first_extremum(u, combine(u)), own)
+    state = f"{u.name}_state" if u.taped else None
+    tensor = {u.prev} if state is None else {adjoint_name(state)}
+
+    def as_read(n: Expr) -> Expr | None:
+        if not (isinstance(n, Load) and n.buffer == u.name):
+            return None
+        if state is not None:
+            return Load(adjoint_name(state), n.index, n.dtype, n.loc)
+        return Load(u.prev, n.index, n.dtype, n.loc) if is_own_read(u, n) else None
+
+    value = rewrite(_first_extremum(u, combine(u)), as_read)
     terms: list[Scatter] = []
     out: list[Scatter] = []
+    stored: list[tuple[str, Expr]] = []
 
     def emit(load: Load, contribution: Expr, path: tuple[Expr, ...]) -> None:
         contribution = simplify(contribution)
         if isinstance(contribution, Const) and contribution.value == 0:
             return
-        into = terms if load.buffer in (u.name, u.prev) else out
-        into.append(Scatter(u.prev if into is terms else load.buffer, load.index, contribution, domain,
-                            conjunction(conds + list(path)), load.loc))
+        if load.buffer in tensor or load.buffer == u.name:
+            terms.append(Scatter(u.prev, load.index, contribution, domain, conjunction(conds + list(path)), load.loc))
+        elif state is None:
+            out.append(Scatter(load.buffer, load.index, contribution, domain, conjunction(conds + list(path)),
+                               load.loc))
+        else:  # it reads the rolled-back tensor: computed during the backward run, kept per point
+            name = f"{u.name}_d{len(stored)}"
+            test = conjunction(list(path))
+            stored.append((name, contribution if test is None else
+                           Select(test, contribution, Const(0.0, dtype_of(contribution)))))
+            out.append(Scatter(load.buffer, load.index, Load(adjoint_name(name), point, u.dtype), domain,
+                               u.where, load.loc))
 
-    backprop(value, g, (), emit, needs | {u.name, u.prev}, u)
-    return out, ReverseScan(u, writes, tuple(terms))
+    backprop(value, g, (), emit, needs | {u.name} | tensor, u)
+    return out, ReverseScan(u, writes, tuple(terms), state, tuple(stored))
 
 
 def is_own_read(u: Update, n: Expr) -> bool:
@@ -93,7 +113,7 @@ def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scat
         backprop(c[1], g, (), emit, needs, u)
         return out
     if not u.independent:  # (z3's answer, found at trace time: solver/updates.py)
-        raise NotDifferentiableError(_refusal(u, c), u.loc)
+        raise NotDifferentiableError(_refusal(u), u.loc)
     def old(n: Expr) -> Expr | None:  # no point reads another's write: its reads of t1 are of t0
         return Load(u.prev, n.index, n.dtype, n.loc) if isinstance(n, Load) and n.buffer == u.name else None
 
@@ -155,15 +175,14 @@ def _first_extremum(u: Update, c) -> Expr:
     return Select(keeps, own, c[1])
 
 
-def _refusal(u: Update, c) -> str:
-    what = f"the update of {u.prev}"
-    if reads_self(u, u.value) or any(reads_self(u, e) for e in u.index):
-        why = ("reads elements of the tensor that other points of the same update may write (a scan); "
-               "gradients of scans, which run in reverse, are not supported yet")
-    elif c is not None and c[0] in (Op.MAX, Op.MIN):
-        why = ("is an in-place max/min whose writes may land on one element several times; write it as "
-               "an hd.max/hd.min reduction inside hd.compute, which routes the gradient to the first extremum")
-    else:
-        why = ("may write one element several times (z3 cannot prove the writes one-to-one), so which "
-               "write survives depends on the data; use += (an accumulation), or make the index one-to-one")
-    return f"no gradient through {what}: it {why}"
+def _refusal(u: Update) -> str:
+    return (f"no gradient through the update of {u.prev}: its index or predicate reads {u.prev} itself, so "
+            "where each point writes depends on earlier writes; compute the index into a tensor of its own "
+            "first (hd.compute), then update with it")
+
+
+def tapes(u: Update) -> bool:
+    """Whether the forward must record what `u` overwrites, for a gradient that rolls it back: a
+    float update that is neither independent, an accumulation, nor provably reversible without."""
+    return (is_float(u.dtype) and not u.independent and not u.reversible and combine_kind(u) != "accumulation"
+            and not any(reads_self(u, e) for e in u.index) and not reads_self(u, u.where))

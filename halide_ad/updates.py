@@ -18,6 +18,7 @@ from halide_ad.solver.updates import check_write_bounds, independent_rdom, rever
 from halide_ad.tensor import (Tensor, _assigned_names, _check_shape, _index_nodes, _lift_reductions, compute, element,
                               is_tensorlike)
 from halide_ad.trace import require
+from halide_ad.update_ad import tapes
 from halide_ad.traverse import free_vars, rewrite, walk
 
 
@@ -105,6 +106,7 @@ def set_item(t: Tensor, index, value) -> None:
     update = ir.Update(name, prev, t.buffer.shape, t.buffer.dtype, pure, pure_dims, rdom, index, value, where, loc)
     independent = independent_rdom(update)
     update = dataclasses.replace(update, independent=independent, reversible=not independent and reversible(update))
+    update = dataclasses.replace(update, taped=tapes(update))
     state.funcs.append(update)
     t.buffer = update.buffer
 

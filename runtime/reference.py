@@ -19,7 +19,8 @@ import numpy as np
 
 from halide_ad.errors import BoundsError, InternalError
 from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
-                          ReverseScan, Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float)
+                          ReverseScan, Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float,
+                          tape_name)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
     with np.errstate(all="ignore"):  # untaken branches may divide by zero, take log(-1), ...
         for f in program.funcs:
             if isinstance(f, Update):
-                out[f.name] = buffers[f.name] = _update(f, buffers)
+                out[f.name] = buffers[f.name] = _update(f, buffers, out)
                 continue
             env = _domain(f.domain, buffers)
             if isinstance(f.body, Reduce):
@@ -169,13 +170,16 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
     return out
 
 
-def _update(u: Update, buffers: dict[str, np.ndarray]) -> np.ndarray:
+def _update(u: Update, buffers: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> np.ndarray:
     """The update run as written: the rdom's points one at a time in lexicographic order, each at
-    every pure point at once (pure points never touch each other's elements)."""
+    every pure point at once (pure points never touch each other's elements). A taped one
+    records what each point overwrites in out[tape_name(u.name)]."""
     t = np.array(buffers[u.prev], u.dtype).reshape(u.shape)
+    tape = out[tape_name(u.name)] = np.zeros(tuple(r.hi - r.lo for r in u.pure + u.rdom), u.dtype) if u.taped else None
     here = dict(buffers) | {u.name: t}  # reads of u.name see the writes so far
     pure = _domain(u.pure, here)
     lead = (1,) * len(pure.shape)
+    at = tuple(np.broadcast_to(pure.grids[r.var], pure.shape) for r in u.pure)
     for point in itertools.product(*(range(r.lo, r.hi) for r in u.rdom)):
         grids = pure.grids | {r.var: np.full(lead, x, np.int64) for r, x in zip(u.rdom, point, strict=True)}
         env = Env(grids, here, pure.shape)
@@ -188,8 +192,15 @@ def _update(u: Update, buffers: dict[str, np.ndarray]) -> np.ndarray:
                 raise BoundsError(f"a data-dependent index was {bad}, outside dimension {d} of {u.prev} "
                                   f"(valid: 0..{n - 1}), written at {u.loc}. Clamp the index (hd.clamp) "
                                   "or fix the index data.")
+        if tape is not None:
+            tape[_slot(u, at, mask, point)] = t[tuple(index)]
         t[tuple(index)] = value
     return t
+
+
+def _slot(u: Update, at: tuple[np.ndarray, ...], mask: np.ndarray, point: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """Where the unmasked pure points at rdom `point` sit in a buffer over the update's domain."""
+    return tuple(a[mask] for a in at) + tuple(np.full(mask.sum(), x - r.lo) for r, x in zip(u.rdom, point, strict=True))
 
 
 def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
@@ -197,6 +208,11 @@ def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
     u = scan.update
     adj = buffers[adjoint_name(u.prev)] = np.array(buffers[adjoint_name(u.name)], u.dtype).reshape(u.shape)
     writes = buffers[adjoint_name(scan.writes)] = np.zeros(scan.writes_shape, u.dtype)
+    for name, _ in scan.stored:
+        buffers[adjoint_name(name)] = np.zeros(scan.writes_shape, u.dtype)
+    state = None if scan.state is None else np.array(buffers[u.name], u.dtype).reshape(u.shape)
+    if state is not None:
+        buffers[adjoint_name(scan.state)] = state
     pure = _domain(u.pure, buffers)
     lead = (1,) * len(pure.shape)
     at = tuple(np.broadcast_to(pure.grids[r.var], pure.shape) for r in u.pure)
@@ -205,10 +221,13 @@ def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
         env = Env(grids, buffers, pure.shape)
         mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
         index = tuple(np.broadcast_to(_eval(e, env), pure.shape)[mask] for e in u.index)
-        slot = tuple(a[mask] for a in at) + tuple(np.full(mask.sum(), x - r.lo) for r, x in zip(u.rdom, point,
-                                                                                                 strict=True))
+        slot = _slot(u, at, mask, point)
+        if state is not None:
+            state[index] = buffers[tape_name(u.name)][slot]
         writes[slot] = adj[index]
         adj[index] = 0
+        for name, value in scan.stored:
+            buffers[adjoint_name(name)][slot] = np.broadcast_to(_eval(value, env), pure.shape)[mask]
         for term in scan.terms:
             keep = mask if term.where is None else mask & np.broadcast_to(_eval(term.where, env), pure.shape)
             value = np.broadcast_to(_eval(term.value, env), pure.shape)[keep]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from halide_ad.ir import Buffer, Load, Op, Program, ReverseScan, Update, adjoint_name
+from halide_ad.ir import Buffer, Load, Op, Program, ReverseScan, Update, adjoint_name, tape_name
 from halide_ad.runtime.codegen import Emitter, _function, _open_loop
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.execute import Kernel, NumbaStep
@@ -40,12 +40,16 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]],
     shapes = dict(shapes)
     if s.rung == 3:
         shapes[bins_buffer(u, s).name] = bins_buffer(u, s).shape
+    if u.taped:  # what each point overwrites, for the gradient (ir.Update.taped)
+        shapes[tape_name(u.name)] = tuple(r.hi - r.lo for r in u.pure + u.rdom)
     em = Emitter(shapes)
     w = em.out
     w.depth = 1
     w.line(f"# update of {u.prev} (rung {s.rung}): {u.name}[{', '.join(map(show, u.index))}] = {show(u.value)}"
            + (f"  ({u.loc})" if u.loc else ""))
     em.used[u.name] = None  # (the output first among the kernel's parameters)
+    if u.taped:
+        em.used[tape_name(u.name)] = None
     _copy(w, em, u.name, u.prev, u.shape)
     if s.rung == 3:
         _emit_partitioned(w, em, u, s)
@@ -55,7 +59,11 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]],
         parallel = 0 if u.pure or s.parallel_rdom else None
         for k, r in enumerate(loops):
             _open_loop(w, em.name(r.var), f"{r.lo}, {r.hi}", k == parallel and r.hi - r.lo > 1)
-        _emit_write(w, em, u, lambda ix: f"{u.name}[{ix}] = {em.expr(u.value)}")
+        def store(ix: str) -> list[str]:
+            value = em.expr(u.value)  # (before the tape's line: it may hoist a reduction)
+            return ([f"{tape_name(u.name)}[{_point(em, u)}] = {u.name}[{ix}]"] if u.taped else []) + [
+                f"{u.name}[{ix}] = {value}"]
+        _emit_write(w, em, u, store)
         w.depth = depth
     w.line("return None")
     return _function(em, entry), list(em.used), em.checks, s
@@ -96,7 +104,8 @@ def _emit_write(w, em: Emitter, u: Update, store: Callable[[str], str]) -> None:
     if checked:
         w.line("else:")
         w.depth += 1
-    w.line(store(", ".join(names) or "0"))
+    for line in store(", ".join(names) or "0"):
+        w.line(line)
 
 
 def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
@@ -106,11 +115,15 @@ def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
     in reverse lexicographic order."""
     u = scan.update
     adj, writes = adjoint_name(u.prev), adjoint_name(scan.writes)
-    em = Emitter(dict(shapes) | {writes: scan.writes_shape})
+    em = Emitter(dict(shapes) | {adjoint_name(n): scan.writes_shape for n, _ in scan.stored}
+                 | {writes: scan.writes_shape, tape_name(u.name): scan.writes_shape}
+                 | ({adjoint_name(scan.state): u.shape} if scan.state is not None else {}))
     w = em.out
     w.depth = 1
     w.line(f"# the update of {u.prev} run backwards  ({u.loc})" if u.loc else f"# the update of {u.prev} run backwards")
     _copy(w, em, adj, adjoint_name(u.name), u.shape)
+    if scan.state is not None:
+        _copy(w, em, adjoint_name(scan.state), u.name, u.shape)
     em.used[writes] = None
     for k, r in enumerate(u.pure):
         _open_loop(w, em.name(r.var), f"0, {r.hi}", k == 0 and r.hi > 1)
@@ -124,9 +137,16 @@ def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
     for name, e in zip(at, u.index, strict=True):
         w.line(f"{name} = {em.expr(e)}")
     written = f"{adj}[{', '.join(at) or '0'}]"
-    point = ", ".join(em.name(r.var) + (f" - {r.lo}" if r.lo else "") for r in u.pure + u.rdom)
-    w.line(f"{writes}[{point or '0'}] = {written}")
+    point = _point(em, u)
+    if scan.state is not None:  # the tensor as it was before this point wrote it
+        state = adjoint_name(scan.state)
+        em.used[tape_name(u.name)] = None
+        w.line(f"{state}[{', '.join(at) or '0'}] = {tape_name(u.name)}[{point}]")
+    w.line(f"{writes}[{point}] = {written}")
     w.line(f"{written} = 0")
+    for name, value in scan.stored:
+        em.used[adjoint_name(name)] = None
+        w.line(f"{adjoint_name(name)}[{point}] = {em.expr(value)}")
     for term in scan.terms:
         depth = w.depth
         if term.where is not None and term.where != u.where:
@@ -137,6 +157,11 @@ def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
     w.depth = 1
     w.line("return None")
     return _function(em, entry), list(em.used), em.checks
+
+
+def _point(em: Emitter, u: Update) -> str:
+    """The position of the current point in a buffer over the update's domain."""
+    return ", ".join(em.name(r.var) + (f" - {r.lo}" if r.lo else "") for r in u.pure + u.rdom) or "0"
 
 
 def _needs_check(e, n: int, ranges) -> bool:
@@ -168,7 +193,7 @@ def _emit_partitioned(w, em: Emitter, u: Update, s: Schedule) -> None:
     for r in u.rdom:  # the flat position p__ as the rdom's point, lexicographic
         stride //= r.hi - r.lo
         w.line(f"{em.name(r.var)} = {r.lo} + (p__ // {stride}) % {r.hi - r.lo}")
-    _emit_write(w, em, u, lambda ix: f"{bins}[k__, {ix}] += {em.expr(operand)}")
+    _emit_write(w, em, u, lambda ix: [f"{bins}[k__, {ix}] += {em.expr(operand)}"])
     w.depth = depth
     for d, (j, n) in enumerate(zip(js, dims, strict=True)):  # each element: the bins in partition order
         _open_loop(w, j, f"0, {n}", d == 0 and n > 1)
@@ -220,6 +245,8 @@ def compile_with_updates(program: Program, compile_forward: Callable[[Program], 
         sources.append(source)
         if s.rung == 3:
             scratch.append(bins_buffer(f, s))
+        if f.taped:
+            scratch.append(Buffer(tape_name(f.name), tuple(r.hi - r.lo for r in f.pure + f.rdom) or (1,), f.dtype))
         available.append(f.buffer)
     flush()
     return Kernel(steps, "\n".join(sources), tuple(scratch))

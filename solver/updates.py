@@ -60,7 +60,8 @@ def schedule(u: Update) -> Schedule:
     why = ("reads of the tensor being updated may see another rdom point's write (a scan)"
            if reads_self(u, u.value) or any(reads_self(u, e) for e in u.index) else
            "writes may collide and the update is not a sum into few bins")
-    return Schedule(4, False, f"serial over the rdom in lexicographic order: {why}{pure}")
+    tape = "; it records what each point overwrites, for the gradient" if u.taped else ""
+    return Schedule(4, False, f"serial over the rdom in lexicographic order: {why}{pure}{tape}")
 
 
 def _names(ranges) -> str:

@@ -87,3 +87,35 @@ def two_updates(x):  # updates apply in program order; later reads see them
     t[r % 4] += x[r]
     t[0] *= 2.0
     return hd.compute((4,), lambda i: t[i] + t[3 - i])
+
+
+@hd.func
+def ring(x):  # reads elements that later points overwrite: the gradient rolls back through a tape
+    c = hd.compute(x.shape, lambda i: x[i])
+    r = hd.rdom(6)
+    c[r % 3] += c[(r + 1) % 3]
+    return c
+
+
+@hd.func
+def horner(c, x):  # p(x) = c[0] x^(K-1) + ... + c[K-1], Halide's horner_polynomial
+    p = hd.zeros(x.shape, x.dtype)
+    i, r = hd.var(), hd.rdom(c.shape[0])
+    p[i] = p[i] * x[i] + c[r]
+    return p
+
+
+@hd.func
+def row_max(x):  # an in-place max over colliding writes
+    t = hd.full((x.shape[0],), -1.0, x.dtype)
+    i, r = hd.var(), hd.rdom(x.shape[1])
+    t[i] = hd.maximum(t[i], x[i, r])
+    return t
+
+
+@hd.func
+def assign(idx, w):  # colliding assignments: the last write wins
+    t = hd.zeros((3,), w.dtype)
+    r = hd.rdom(idx.shape[0])
+    t[hd.clamp(idx[r], 0, 2)] = 2 * w[r]
+    return t

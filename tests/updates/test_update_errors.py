@@ -58,18 +58,3 @@ def test_float_value_into_int_tensor():
 
     with pytest.raises(hd.TraceError, match=r"hd.cast\(value, 'int64'\)"):
         f(np.zeros(3))
-
-
-def test_colliding_assignment_gradient_is_refused(rng):
-    @hd.func
-    def f(idx, w):
-        t = hd.zeros((3,), w.dtype)
-        r = hd.rdom(idx.shape[0])
-        t[hd.clamp(idx[r], 0, 2)] = w[r]
-        return t
-
-    idx, w = np.array([0, 2, 2, 1]), rng.random(4)
-    out = f(idx, w)  # the last write wins, as in the serial order
-    np.testing.assert_allclose(out, [w[0], w[3], w[2]])
-    with pytest.raises(hd.NotDifferentiableError, match="may write one element several times"):
-        hd.vjp(f, idx, w)[1](np.ones(3))

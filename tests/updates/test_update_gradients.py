@@ -103,21 +103,63 @@ def test_cumsum_and_rnn_gradients_match_torch(rng):
     hd.check_grad(P.rnn, w, u)
 
 
-def test_scan_that_rereads_overwritten_elements_is_refused(rng):
-    @hd.func
+def test_ring_scan_rolls_back_through_its_tape(rng):
+    x, ct = rng.random(3), rng.standard_normal(3)
+
     def ring(x):
-        c = hd.compute(x.shape, lambda i: x[i])
-        r = hd.rdom(6)
-        c[r % 3] += c[(r + 1) % 3]
+        c = x.copy()
+        for r in range(6):
+            c[r % 3] += c[(r + 1) % 3]
         return c
 
-    x = rng.random(3)
-    c = x.copy()
-    for r in range(6):
-        c[r % 3] += c[(r + 1) % 3]
-    np.testing.assert_allclose(ring(x), c)
-    with pytest.raises(hd.NotDifferentiableError, match="a scan"):
-        hd.vjp(ring, x)[1](np.ones(3))
+    np.testing.assert_allclose(P.ring(x), ring(x))
+    g = hd.vjp(P.ring, x)[1](ct)[0]
+    np.testing.assert_allclose(g, _finite_difference(lambda v: np.sum(ring(v) * ct), x), rtol=1e-6)
+
+
+def test_horner_matches_polyval_and_torch(rng):
+    c, x, ct = rng.standard_normal(5), rng.standard_normal(4), rng.standard_normal(4)
+    np.testing.assert_allclose(P.horner(c, x), np.polyval(c, x), rtol=1e-12)
+    gc, gx = hd.vjp(P.horner, c, x)[1](ct)
+    np.testing.assert_allclose(gc, _finite_difference(lambda v: np.sum(np.polyval(v, x) * ct), c), rtol=1e-6)
+    np.testing.assert_allclose(gx, _finite_difference(lambda v: np.sum(np.polyval(c, v) * ct), x), rtol=1e-6)
+    torch = pytest.importorskip("torch")
+    tc, tx = torch.tensor(c, requires_grad=True), torch.tensor(x, requires_grad=True)
+    p = torch.zeros(4, dtype=torch.float64)
+    for k in range(5):
+        p = p * tx + tc[k]
+    p.backward(torch.tensor(ct))
+    np.testing.assert_allclose(gc, tc.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-12)
+
+
+def test_inplace_max_over_a_reduction_routes_to_the_first_extremum():
+    x = np.array([[1.0, 3.0, 3.0, 2.0], [5.0, 0.0, 5.0, 1.0], [-2.0, -3.0, -4.0, -5.0]])
+    np.testing.assert_array_equal(P.row_max(x), [3, 5, -1])  # the start value -1 wins row 2
+    g = hd.vjp(P.row_max, x)[1](np.array([1.0, 2.0, 3.0]))[0]
+    expected = np.zeros_like(x)
+    expected[0, 1], expected[1, 0] = 1, 2
+    np.testing.assert_array_equal(g, expected)
+
+
+def test_colliding_assignment_gives_the_last_write_the_gradient(rng):
+    idx, w = np.array([0, 2, 2, 1, 0]), rng.random(5)
+    np.testing.assert_allclose(P.assign(idx, w), [w[4], w[3], w[2]] * np.array([1.0, 1.0, 1.0]) * 2)
+    g = hd.vjp(P.assign, idx, w)[1](np.array([1.0, 10.0, 100.0]))[1]
+    np.testing.assert_allclose(g, [0, 0, 200, 20, 2])
+
+
+def test_index_reading_the_tensor_is_refused(rng):
+    @hd.func
+    def f(x):
+        t = hd.compute(x.shape, lambda i: x[i])
+        r = hd.rdom(3)
+        first = t[r * 0]  # t[0], read as the update runs
+        t[hd.clamp(hd.cast(hd.floor(first * 3), "int64"), 0, 2)] = first + x[r]
+        return t
+
+    with pytest.raises(hd.NotDifferentiableError, match="its index or predicate reads"):
+        hd.vjp(f, rng.random(3))[1](np.ones(3))
 
 
 def test_explain_names_the_rungs(rng):
