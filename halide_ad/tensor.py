@@ -70,10 +70,11 @@ def _assigned_names(frame, count: int) -> list[str] | None:
 class Tensor:
     """A whole symbolic array while tracing: a function input or the result of `hd.compute`."""
 
-    __slots__ = ("buffer",)
+    __slots__ = ("buffer", "last_item")
 
     def __init__(self, buffer: ir.Buffer):
         self.buffer = buffer
+        self.last_item = None  # (int index, the 0-d slice it gave): see updates._live_element
 
     name = property(lambda self: self.buffer.name)
     shape = property(lambda self: Shape(self.buffer.shape, self.buffer.name))
@@ -89,7 +90,9 @@ class Tensor:
         state = current()
         if (state is not None and state.compute_vars is not None) or any(isinstance(i, Expr) for i in index):
             return element(self, index)
-        return slice_tensor(self, index)
+        out = slice_tensor(self, index)
+        self.last_item = (index, out.name) if out.ndim == 0 and state is not None else None
+        return out
 
     def __setitem__(self, index, value):
         from halide_ad.updates import set_item  # update definitions (halide_ad/updates.py)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import sys
 
 import numpy as np
@@ -64,8 +65,11 @@ def set_item(t: Tensor, index, value) -> None:
     if state.compute_vars is not None:
         raise TraceError(f"an update definition of {prev} inside hd.compute's function; write it "
                          "after the hd.compute, at the top level of the traced function", loc)
-    index = _index_nodes(t, index if isinstance(index, tuple) else (index,))
-    value = _value_node(t, value, loc)
+    index = index if isinstance(index, tuple) else (index,)
+    value = _value_node(t, _live_element(t, index, value), loc)
+    if len(index) == t.ndim:  # a negative int counts from the end, as in numpy
+        index = tuple(i + n if isinstance(i, numbers.Integral) and -n <= i < 0 else i for i, n in zip(index, t.shape))
+    index = _index_nodes(t, index)
     pure, pure_dims = _pure_vars(state, t, index, loc)
     for r in pure:
         state.var_ranges[r.var] = r
@@ -80,6 +84,12 @@ def set_item(t: Tensor, index, value) -> None:
         raise TraceError(f"the update of {prev} uses {', '.join(sorted(v.name for v in stray))}, which is "
                          "neither an hd.var standing bare in the updated index nor an hd.rdom variable", loc)
     pure_vars = tuple(r.var for r in pure)
+    for n in walk(value):
+        if isinstance(n, ir.Reduce) and (shared := {r.var for r in n.rvars} & set(rvars)):
+            raise TraceError(f"hd.{n.op} inside the update of {prev} reduces over "
+                             f"{', '.join(sorted(v.name for v in shared))}, which the update itself loops over; "
+                             "compute the reduction into a tensor of its own first (hd.compute), then read it "
+                             "in the update", loc)
     if any(isinstance(n, ir.Reduce) and any(ld.buffer == prev for ld in walk(n) if isinstance(ld, ir.Load))
            for n in walk(value)):
         raise TraceError(f"a reduction inside the update of {prev} reads {prev} itself; reduce into a "
@@ -109,6 +119,19 @@ def set_item(t: Tensor, index, value) -> None:
     update = dataclasses.replace(update, taped=tapes(update))
     state.funcs.append(update)
     t.buffer = update.buffer
+
+
+def _live_element(t: Tensor, index: tuple, value):
+    """`t[0] += x[r]` arrives as t.__getitem__(0), a 0-d slice (a snapshot of t), then
+    t.__setitem__(0, slice + x[r]): the value reads that snapshot, and would add each x[r] to the
+    old t[0]. When the slice was the last element `t` handed out, at this very index, it stands for
+    t[0] itself, read as the update runs (Halide's `f(0) += x(r)`)."""
+    item = t.last_item
+    t.last_item = None
+    if item is None or item[0] != index or not isinstance(value, Expr):
+        return value
+    live = ir.Load(t.name, tuple(ir.const(i % n) for i, n in zip(index, t.shape, strict=True)), t.buffer.dtype)
+    return Expr(rewrite(value.node, lambda n: live if isinstance(n, ir.Load) and n.buffer == item[1] else None))
 
 
 def _value_node(t: Tensor, value, loc) -> ir.Expr:

@@ -175,6 +175,7 @@ def _update(u: Update, buffers: dict[str, np.ndarray], out: dict[str, np.ndarray
     every pure point at once (pure points never touch each other's elements). A taped one
     records what each point overwrites in out[tape_name(u.name)]."""
     t = np.array(buffers[u.prev], u.dtype).reshape(u.shape)
+    flat = t.reshape(u.shape or (1,))  # (a view: a 0-d tensor is written as shape (1,))
     tape = out[tape_name(u.name)] = np.zeros(tuple(r.hi - r.lo for r in u.pure + u.rdom), u.dtype) if u.taped else None
     here = dict(buffers) | {u.name: t}  # reads of u.name see the writes so far
     pure = _domain(u.pure, here)
@@ -184,18 +185,25 @@ def _update(u: Update, buffers: dict[str, np.ndarray], out: dict[str, np.ndarray
         grids = pure.grids | {r.var: np.full(lead, x, np.int64) for r, x in zip(u.rdom, point, strict=True)}
         env = Env(grids, here, pure.shape)
         mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
-        index = [np.broadcast_to(_eval(e, env), pure.shape)[mask] for e in u.index]
+        index = _at(u.index, env, mask)
         value = np.broadcast_to(_eval(u.value, env), pure.shape)[mask]
-        for d, (i, n) in enumerate(zip(index, u.shape, strict=True)):
+        for d, (i, n) in enumerate(zip(index, u.shape or (1,), strict=True)):
             if i.size and (i.min() < 0 or i.max() >= n):
                 bad = i[(i < 0) | (i >= n)][0]
                 raise BoundsError(f"a data-dependent index was {bad}, outside dimension {d} of {u.prev} "
                                   f"(valid: 0..{n - 1}), written at {u.loc}. Clamp the index (hd.clamp) "
                                   "or fix the index data.")
         if tape is not None:
-            tape[_slot(u, at, mask, point)] = t[tuple(index)]
-        t[tuple(index)] = value
+            tape[_slot(u, at, mask, point)] = flat[index]
+        flat[index] = value
     return t
+
+
+def _at(index: tuple[Expr, ...], env: Env, mask: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The elements `index` names at the unmasked points, for a buffer of shape (1,) when 0-d."""
+    if not index:
+        return (np.zeros(int(mask.sum()), np.intp),)
+    return tuple(np.broadcast_to(_eval(e, env), env.shape)[mask] for e in index)
 
 
 def _slot(u: Update, at: tuple[np.ndarray, ...], mask: np.ndarray, point: tuple[int, ...]) -> tuple[np.ndarray, ...]:
@@ -207,6 +215,7 @@ def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
     """The update run backwards, as `ReverseScan` says: adj_<prev> and adj_<writes> into `buffers`."""
     u = scan.update
     adj = buffers[adjoint_name(u.prev)] = np.array(buffers[adjoint_name(u.name)], u.dtype).reshape(u.shape)
+    flat = adj.reshape(u.shape or (1,))
     writes = buffers[adjoint_name(scan.writes)] = np.zeros(scan.writes_shape, u.dtype)
     for name, _ in scan.stored:
         buffers[adjoint_name(name)] = np.zeros(scan.writes_shape, u.dtype)
@@ -220,18 +229,18 @@ def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
         grids = pure.grids | {r.var: np.full(lead, x, np.int64) for r, x in zip(u.rdom, point, strict=True)}
         env = Env(grids, buffers, pure.shape)
         mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
-        index = tuple(np.broadcast_to(_eval(e, env), pure.shape)[mask] for e in u.index)
+        index = _at(u.index, env, mask)
         slot = _slot(u, at, mask, point)
         if state is not None:
-            state[index] = buffers[tape_name(u.name)][slot]
-        writes[slot] = adj[index]
-        adj[index] = 0
+            state.reshape(u.shape or (1,))[index] = buffers[tape_name(u.name)][slot]
+        writes[slot] = flat[index]
+        flat[index] = 0
         for name, value in scan.stored:
             buffers[adjoint_name(name)][slot] = np.broadcast_to(_eval(value, env), pure.shape)[mask]
         for term in scan.terms:
             keep = mask if term.where is None else mask & np.broadcast_to(_eval(term.where, env), pure.shape)
             value = np.broadcast_to(_eval(term.value, env), pure.shape)[keep]
-            np.add.at(adj, tuple(np.broadcast_to(_eval(e, env), pure.shape)[keep] for e in term.index), value)
+            np.add.at(flat, _at(term.index, env, keep), value)
 
 
 def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:

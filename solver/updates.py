@@ -57,9 +57,13 @@ def schedule(u: Update) -> Schedule:
                                   f"one-to-one), so {PARTITIONS} fixed partitions of the rdom each sum into "
                                   "bins of their own, added in partition order: the same bits on any "
                                   "number of threads", PARTITIONS)
-    why = ("reads of the tensor being updated may see another rdom point's write (a scan)"
-           if reads_self(u, u.value) or any(reads_self(u, e) for e in u.index) else
-           "writes may collide and the update is not a sum into few bins")
+    if c is not None and c[0] in (Op.ADD, Op.SUB) and not reads_self(u, c[1]):
+        why = ("an accumulation whose writes may collide; partial bins are for updates without pure "
+               "variables into few bins" if u.pure or not few_bins else "an accumulation whose index reads the tensor")
+    elif reads_self(u, u.value) or any(reads_self(u, e) for e in u.index):
+        why = "reads of the tensor being updated may see another rdom point's write (a scan)"
+    else:
+        why = "writes may collide (which one survives depends on the order)"
     tape = "; it records what each point overwrites, for the gradient" if u.taped else ""
     return Schedule(4, False, f"serial over the rdom in lexicographic order: {why}{pure}{tape}")
 

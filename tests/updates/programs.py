@@ -119,3 +119,45 @@ def assign(idx, w):  # colliding assignments: the last write wins
     r = hd.rdom(idx.shape[0])
     t[hd.clamp(idx[r], 0, 2)] = 2 * w[r]
     return t
+
+
+@hd.func
+def hist2d(i, j, w):  # 2-D bins
+    h = hd.zeros((4, 5), w.dtype)
+    r = hd.rdom(i.shape[0])
+    h[hd.clamp(i[r], 0, 3), hd.clamp(j[r], 0, 4)] += w[r]
+    return h
+
+
+@hd.func
+def row_hist(idx, w):  # a histogram per row: the pure variable runs in parallel
+    M, N = idx.shape
+    h = hd.zeros((M, 3), w.dtype)
+    m, r = hd.var(), hd.rdom(N)
+    h[m, hd.clamp(idx[m, r], 0, 2)] += w[m, r]
+    return h
+
+
+@hd.func
+def ends(x):  # constant indices: t[0] += x[r] accumulates (Halide's f(0) += x(r)); -1 is the last
+    t = hd.zeros((3,), x.dtype)
+    r = hd.rdom(x.shape[0])
+    t[0] += x[r]
+    t[-1] -= x[r] * x[r]
+    return t
+
+
+@hd.func
+def sum_of_squares(x):  # a 0-d tensor
+    s = hd.zeros((), x.dtype)
+    r = hd.rdom(x.shape[0])
+    s[()] += x[r] * x[r]
+    return s
+
+
+@hd.func
+def masked(x):  # an rdom with a predicate
+    t = hd.zeros((5,), x.dtype)
+    r = hd.rdom(x.shape[0], where=lambda r: x[r] > 0.5)
+    t[r % 5] += x[r]
+    return t

@@ -58,3 +58,15 @@ def test_float_value_into_int_tensor():
 
     with pytest.raises(hd.TraceError, match=r"hd.cast\(value, 'int64'\)"):
         f(np.zeros(3))
+
+
+def test_reduction_over_the_updates_own_rdom():
+    @hd.func
+    def f(x):
+        t = hd.zeros((3,), x.dtype)
+        r, k = hd.rdom(3), hd.rdom(x.shape[1])
+        t[r] += hd.sum(x[r, k])
+        return t
+
+    with pytest.raises(hd.TraceError, match="hd.sum inside the update of .* reduces over r, which the update"):
+        f(np.zeros((3, 4)))

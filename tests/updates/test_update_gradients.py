@@ -183,3 +183,13 @@ def test_reference_interpreter_agrees_with_the_kernels(rng):
     ga, gb = hd.vjp(P.iir, a, b)[1](ct)
     np.testing.assert_allclose(expected[wrt[0]], ga, rtol=1e-12)
     np.testing.assert_allclose(expected[wrt[1]], gb, rtol=1e-12)
+
+
+def test_gradients_of_bins_constant_indices_and_predicates(rng):
+    i, j, w = rng.integers(0, 4, 30), rng.integers(0, 5, 30), rng.random(30)
+    ct = rng.standard_normal((4, 5))
+    np.testing.assert_allclose(hd.vjp(P.hist2d, i, j, w)[1](ct)[2], ct[i, j])
+    x = rng.random(12)
+    np.testing.assert_allclose(hd.grad(P.sum_of_squares)(x), 2 * x)
+    hd.check_grad(P.ends, x)
+    hd.check_grad(P.masked, x)

@@ -84,3 +84,21 @@ def test_non_contiguous_inputs(rng):
     idx = rng.integers(0, 5, (40, 2))[:, 0]
     w = rng.random((40, 2))[:, 1]
     np.testing.assert_allclose(P.histogram(idx, w, 5), np.bincount(idx, w, 5))
+
+
+def test_two_dimensional_bins_and_per_row_histograms(rng):
+    i, j, w = rng.integers(0, 4, 80), rng.integers(0, 5, 80), rng.random(80)
+    expected = np.zeros((4, 5))
+    np.add.at(expected, (i, j), w)
+    np.testing.assert_allclose(P.hist2d(i, j, w), expected)
+    idx, w2 = rng.integers(0, 3, (4, 30)), rng.random((4, 30))
+    np.testing.assert_allclose(P.row_hist(idx, w2), np.stack([np.bincount(idx[k], w2[k], 3) for k in range(4)]))
+
+
+def test_constant_indices_zero_d_tensors_and_predicates(rng):
+    x = rng.random(40)
+    np.testing.assert_allclose(P.ends(x), [x.sum(), 0, -np.sum(x * x)])
+    np.testing.assert_allclose(P.sum_of_squares(x), np.sum(x * x))
+    expected = np.zeros(5)
+    np.add.at(expected, np.arange(40)[x > 0.5] % 5, x[x > 0.5])
+    np.testing.assert_allclose(P.masked(x), expected)
