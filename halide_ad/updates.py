@@ -36,18 +36,18 @@ def var(name: str | None = None) -> Expr:
     return Expr(v)
 
 
-def full(shape, value, dtype="float64") -> Tensor:
+def full(shape, value, dtype="float64", *, name: str = "full") -> Tensor:
     """A Tensor of `shape` holding `value` everywhere: a start for update definitions."""
-    require("hd.full")
+    require(f"hd.{name}")
     dtype = np.dtype(dtype).name
-    shape = _check_shape(shape, "hd.full's shape")
+    shape = _check_shape(shape, f"hd.{name}'s shape")
     fill = ir.const(np.array(value).astype(dtype).item(), dtype)
-    return compute(shape, lambda *i: Expr(fill), name="full")
+    return compute(shape, lambda *i: Expr(fill), name=name)
 
 
 def zeros(shape, dtype="float64") -> Tensor:
     """A Tensor of `shape` holding zeros: a start for update definitions (a histogram's bins)."""
-    return full(shape, 0, dtype)
+    return full(shape, 0, dtype, name="zeros")
 
 
 def set_item(t: Tensor, index, value) -> None:
