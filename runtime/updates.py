@@ -50,10 +50,13 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]],
     em.used[u.name] = None  # (the output first among the kernel's parameters)
     if u.taped:
         em.used[tape_name(u.name)] = None
-    _copy(w, em, u.name, u.prev, u.shape)
-    if s.rung == 3:
+    if s.rung == 2:
+        _emit_gathered(w, em, u, s)
+    elif s.rung == 3:
+        _copy(w, em, u.name, u.prev, u.shape)
         _emit_partitioned(w, em, u, s)
     else:
+        _copy(w, em, u.name, u.prev, u.shape)
         depth = w.depth
         loops = u.pure + u.rdom
         parallel = 0 if u.pure or s.parallel_rdom else None
@@ -162,6 +165,32 @@ def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
 def _point(em: Emitter, u: Update) -> str:
     """The position of the current point in a buffer over the update's domain."""
     return ", ".join(em.name(r.var) + (f" - {r.lo}" if r.lo else "") for r in u.pure + u.rdom) or "0"
+
+
+def _emit_gathered(w, em: Emitter, u: Update, s: Schedule) -> None:
+    """Rung 2: name[j] = prev[j] + each piece of the inverted scatter at j, parallel over j (the
+    pieces' loops and guards as the gradient's gathers have them, runtime/codegen.py)."""
+    depth = w.depth
+    js = s.gather.new_vars
+    for d, (j, n) in enumerate(zip(js, u.shape, strict=True)):
+        _open_loop(w, em.name(j), f"0, {n}", d == 0 and n > 1)
+    at = ", ".join(em.name(j) for j in js) or "0"
+    em.used[u.prev] = None
+    w.line(f"acc = {u.prev}[{at}]")
+    for piece in s.gather.pieces:
+        inner = w.depth
+        for level, guards in enumerate(piece.guards):
+            if level > 0:
+                loop = piece.loops[level - 1]
+                w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
+                w.depth += 1
+            if guards:
+                w.line(f"if {' and '.join(em.expr(c) for c in guards)}:")
+                w.depth += 1
+        w.line(f"acc += {em.expr(piece.value)}")
+        w.depth = inner
+    w.line(f"{u.name}[{at}] = acc")
+    w.depth = depth
 
 
 def _needs_check(e, n: int, ranges) -> bool:

@@ -4,13 +4,12 @@ the serial order's result.
 1. parallel: over every pure variable (they never touch each other's elements, by the front end's
    rule), and over the rdom when z3 proves that distinct rdom points write distinct elements and
    none reads what another writes;
+2. gather: `t[e(r)] += v(r)` with an affine e whose writes collide (`out[r // 2] += x[r]`), which
+   the index inverter turns into a gather, as it does reverse mode's scatters;
 3. partial bins: `t[e(r)] += v(r)` (or -=) where neither e nor v reads t, the writes may collide
    (a histogram) and t is small next to the rdom: a fixed number of partitions of the rdom each
    fill bins of their own, summed in partition order, so the bits never depend on the thread count;
 4. serial: the rdom's points in lexicographic order (parallel over the pure variables still).
-
-Rung 2 (an invertible affine scatter run as a gather) is not built yet: such updates take rung 1
-when their writes are disjoint, else 3 or 4.
 """
 from __future__ import annotations
 
@@ -21,9 +20,10 @@ from dataclasses import dataclass
 import z3
 
 from halide_ad.errors import BoundsError
-from halide_ad.ir import RUN_TIME_CHECKED, Call, Load, Op, Update, Var, const
+from halide_ad.ir import RUN_TIME_CHECKED, Call, Load, Op, Scatter, Update, Var, const
 from halide_ad.update_ad import combine, is_own_read, reads_self
 from halide_ad.solver.bounds import _UNSETTLED, _counterexample, box, checked_at_run_time, interval
+from halide_ad.solver.invert import Gather, invert
 from halide_ad.solver.z3_bridge import Query, Unsupported
 from halide_ad.traverse import simplify, substitute, walk
 
@@ -32,10 +32,11 @@ PARTITIONS = 16  # rung 3's fixed partition count: more than the cores of most m
 
 @dataclass(frozen=True)
 class Schedule:
-    rung: int                       # 1, 3 or 4 (see the module's doc)
+    rung: int                       # 1 to 4 (see the module's doc)
     parallel_rdom: bool             # rung 1: the rdom's points are independent too
     reason: str                     # for hd.explain
     partitions: int = 0             # rung 3
+    gather: Gather | None = None    # rung 2: each element sums the points that write it
 
 
 def schedule(u: Update) -> Schedule:
@@ -47,6 +48,11 @@ def schedule(u: Update) -> Schedule:
                                  "nothing another point writes: parallel over "
                                  + _names(u.pure + u.rdom))
     c = combine(u)
+    gather = _as_gather(u, c)
+    if gather is not None:
+        return Schedule(2, False, f"an affine accumulation that z3 inverts: each element of {u.prev} sums "
+                                  "the rdom points that write it (a gather, parallel over the elements)",
+                        gather=gather)
     points = math.prod(r.hi - r.lo for r in u.rdom)
     size = math.prod(u.shape)
     pure = f"; parallel over {_names(u.pure)}" if u.pure else ""
@@ -66,6 +72,19 @@ def schedule(u: Update) -> Schedule:
         why = "writes may collide (which one survives depends on the order)"
     tape = "; it records what each point overwrites, for the gradient" if u.taped else ""
     return Schedule(4, False, f"serial over the rdom in lexicographic order: {why}{pure}{tape}")
+
+
+def _as_gather(u: Update, c) -> Gather | None:
+    """Rung 2: `t[e(p)] += v(p)` with an affine e (no data in it) and neither e nor v reading t,
+    inverted as reverse mode's scatters are (solver/invert.py): t[j] = t0[j] + the sum of v(p)
+    over {p : e(p) == j}."""
+    if (c is None or c[0] not in (Op.ADD, Op.SUB) or any(checked_at_run_time(e) or reads_self(u, e) for e in u.index)
+            or reads_self(u, u.where) or reads_self(u, c[1])):
+        return None
+    new_vars = tuple(Var(f"{u.name}_j{d}") for d in range(len(u.shape)))
+    operand = c[1] if c[0] is Op.ADD else Call("neg", (c[1],))
+    result = invert(Scatter(u.name, u.index, operand, u.pure + u.rdom, u.where, u.loc), u.shape, new_vars)
+    return result if isinstance(result, Gather) else None
 
 
 def _names(ranges) -> str:

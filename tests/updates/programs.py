@@ -161,3 +161,11 @@ def masked(x):  # an rdom with a predicate
     r = hd.rdom(x.shape[0], where=lambda r: x[r] > 0.5)
     t[r % 5] += x[r]
     return t
+
+
+@hd.func
+def pairs(x):  # out[r // 2] += x[r]: colliding affine writes, inverted into a gather (rung 2)
+    out = hd.full((x.shape[0] // 2 + 1,), 0.5, x.dtype)
+    r = hd.rdom(x.shape[0])
+    out[r // 2] += x[r] * x[r]
+    return out

@@ -193,3 +193,9 @@ def test_gradients_of_bins_constant_indices_and_predicates(rng):
     np.testing.assert_allclose(hd.grad(P.sum_of_squares)(x), 2 * x)
     hd.check_grad(P.ends, x)
     hd.check_grad(P.masked, x)
+
+
+def test_rung_two_gradient_and_explain(rng):
+    x = rng.random(9)
+    hd.check_grad(P.pairs, x)
+    assert "runs at rung 2: an affine accumulation that z3 inverts" in str(hd.explain(P.pairs, x))

@@ -102,3 +102,11 @@ def test_constant_indices_zero_d_tensors_and_predicates(rng):
     expected = np.zeros(5)
     np.add.at(expected, np.arange(40)[x > 0.5] % 5, x[x > 0.5])
     np.testing.assert_allclose(P.masked(x), expected)
+
+
+@pytest.mark.parametrize("n", [1, 9, 200])
+def test_affine_colliding_scatter_runs_as_a_gather(rng, n):
+    x = rng.random(n)
+    expected = np.full(n // 2 + 1, 0.5)
+    np.add.at(expected, np.arange(n) // 2, x * x)
+    np.testing.assert_allclose(P.pairs(x), expected, rtol=1e-12)
