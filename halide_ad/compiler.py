@@ -137,7 +137,8 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     """Loop-nest adjoints share numba functions; an adjoint with BLAS contributions ends one, and
     its contractions are added after the loop nest has written the rest."""
     plans = plan_gradient(program, wrt)
-    private = _private_adjoints(program, plans)
+    scanned = {adjoint_name(p.adjoint.scan.update.name) for p in plans if p.adjoint.scan is not None}
+    private = _private_adjoints(program, plans) - scanned  # an update's backward run reads them whole
     named = {b.name for b in program.inputs} | {f.name for f in program.funcs}
     temporaries = tuple((adjoint_name(p.adjoint.buffer), p.adjoint.shape)  # products per tap (`_tap_product`)
                         for p in plans if p.adjoint.buffer not in named)

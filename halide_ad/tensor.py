@@ -538,18 +538,20 @@ def _broadcast_element(x, idx: tuple, shape: tuple[int, ...]):
     return element(x, tuple(0 if n == 1 else idx[offset + d] for d, n in enumerate(x.shape)))
 
 
-def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor:
-    """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`."""
+def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor | Expr:
+    """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`. With element
+    expressions among them, 0-d tensors are single elements (`hd.maximum(t[0], x[r])` in an update's
+    value) and the result is an expression."""
+    if any(isinstance(a, Expr) for a in args) and all(a.ndim == 0 for a in args if isinstance(a, Tensor)):
+        return scalar_fn(*(element(a, ()) if isinstance(a, Tensor) else a for a in args))
     shape = broadcast_shape(*(a.shape for a in args if is_tensorlike(a)))
     return compute(shape, lambda *idx: scalar_fn(*(_broadcast_element(a, idx, shape) for a in args)),
                    name=name)
 
 
-def tensor_binary(op: ir.Op, a, b) -> Tensor:
-    if any(isinstance(x, Expr) for x in (a, b)):  # a 0-d tensor (`w[0]`) is one element: an update's value
-        a, b = (element(x, ()) if isinstance(x, Tensor) and x.ndim == 0 else x for x in (a, b))
-        if not any(isinstance(x, Tensor) for x in (a, b)):
-            return binary(op, a, b)
+def tensor_binary(op: ir.Op, a, b) -> Tensor | Expr:
+    if any(isinstance(x, Expr) for x in (a, b)) and all(x.ndim == 0 for x in (a, b) if isinstance(x, Tensor)):
+        return map_elementwise(lambda x, y: binary(op, x, y), (a, b), op.name.lower())  # 0-d: elements
     for x in (a, b):
         if isinstance(x, Expr):
             raise TraceError(f"cannot combine a whole tensor with the element expression `{x.node}`; "
