@@ -238,8 +238,8 @@ def _emit_partitioned(w, em: Emitter, u: Update, s: Schedule) -> None:
 def compile_with_updates(program: Program, compile_forward: Callable[[Program], Kernel],
                          needed: set[str] | None) -> Kernel:
     """The forward kernel of a program with update stages: the stages between updates compile as
-    forward programs of their own (`compile_forward`), whose inputs are everything before them;
-    each update is a step of its own. `needed`: the buffers a gradient reads (None: keep all)."""
+    forward programs of their own (`compile_forward`), whose inputs are every other buffer; each
+    update is a step of its own. `needed`: the buffers a gradient reads (None: keep all)."""
     stages = program.funcs
     segment_of, k = {}, 0
     for f in stages:
@@ -251,16 +251,18 @@ def compile_with_updates(program: Program, compile_forward: Callable[[Program], 
         keep.update(n.buffer for n in walk(f.body) if isinstance(n, Load)
                     and n.buffer in segment_of and (isinstance(f, Update) or segment_of[n.buffer] != segment_of[f.name]))
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in stages}
-    steps, sources, scratch, segment, available = [], [], [], [], list(program.inputs)
+    steps, sources, scratch, segment = [], [], [], []
 
     def flush() -> None:
         if segment:
             outputs = tuple(f.name for f in segment if f.name in keep)
-            kernel = compile_forward(Program(program.name, tuple(available), tuple(segment), outputs))
+            # every other buffer is an input of the segment: it reads the earlier ones, and the
+            # names of the later ones stay taken (a split reduction names a buffer of its own)
+            others = tuple(program.inputs) + tuple(f.buffer for f in stages if f not in segment)
+            kernel = compile_forward(Program(program.name, others, tuple(segment), outputs))
             steps.extend(kernel.steps)
             sources.append(kernel.source)
             scratch.extend(kernel.scratch)
-            available.extend(f.buffer for f in segment)
             segment.clear()
 
     for f in stages:
@@ -276,6 +278,5 @@ def compile_with_updates(program: Program, compile_forward: Callable[[Program], 
             scratch.append(bins_buffer(f, s))
         if f.taped:
             scratch.append(Buffer(tape_name(f.name), tuple(r.hi - r.lo for r in f.pure + f.rdom) or (1,), f.dtype))
-        available.append(f.buffer)
     flush()
     return Kernel(steps, "\n".join(sources), tuple(scratch))
