@@ -169,3 +169,12 @@ def pairs(x):  # out[r // 2] += x[r]: colliding affine writes, inverted into a g
     r = hd.rdom(x.shape[0])
     out[r // 2] += x[r] * x[r]
     return out
+
+
+@hd.func
+def suffix_sum(x):  # Halide's reverse_scan: the rdom walks the tensor from its end
+    n = x.shape[0]
+    c = hd.compute(x.shape, lambda i: x[i])
+    r = hd.rdom(n - 1)
+    c[n - 2 - r] += c[n - 1 - r]
+    return c

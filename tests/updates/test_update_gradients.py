@@ -199,3 +199,13 @@ def test_rung_two_gradient_and_explain(rng):
     x = rng.random(9)
     hd.check_grad(P.pairs, x)
     assert "runs at rung 2: an affine accumulation that z3 inverts" in str(hd.explain(P.pairs, x))
+
+
+def test_reverse_scan_matches_torch(rng):
+    torch = pytest.importorskip("torch")
+    x, ct = rng.standard_normal(8), rng.standard_normal(8)
+    np.testing.assert_allclose(P.suffix_sum(x), np.cumsum(x[::-1])[::-1], rtol=1e-12)
+    tx = torch.tensor(x, requires_grad=True)
+    torch.flip(torch.cumsum(torch.flip(tx, (0,)), 0), (0,)).backward(torch.tensor(ct))
+    np.testing.assert_allclose(hd.vjp(P.suffix_sum, x)[1](ct)[0], tx.grad.numpy(), rtol=1e-12)
+    assert "reverse-scan" in hd.explain(P.suffix_sum, x).forms()
