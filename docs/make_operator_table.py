@@ -20,6 +20,7 @@ OUTPUT = ROOT / "docs" / "operators.md"
 
 E, N, C, R, S, P = ("tests/ops/test_elementwise.py", "tests/ops/test_nn.py", "tests/ops/test_conv.py",
                     "tests/ops/test_reduce.py", "tests/ops/test_shape.py", "tests/ops/test_pool.py")
+U = "tests/ops/test_scatter.py"
 
 
 def _cases():
@@ -117,6 +118,20 @@ def _cases():
         ("max", "axis=-1", lambda x: ops.max(x, -1), (x,), f"{R}::test_reductions_gradients_and_torch"),
         ("min", "axis=0", lambda x: ops.min(x, 0), (x,), f"{R}::test_reductions_gradients_and_torch"),
         ("prod", "axis=1", lambda x: ops.prod(x, 1), (x,), f"{R}::test_reductions_gradients_and_torch"),
+        ("cumsum", "axis=1", lambda x: ops.cumsum(x, 1), (x,), f"{U}::test_cumsum_and_cumprod"),
+        ("cumprod", "axis=-1", ops.cumprod, (x,), f"{U}::test_cumsum_and_cumprod"),
+        ("index_add", "axis=0", lambda x, i, s: ops.index_add(x, 0, i, s),
+         (x[0], np.array([0, 2, 2, 1]), rng.standard_normal((4, 4))), f"{U}::test_index_add_and_scatter_add"),
+        ("scatter_add", "axis=0", lambda x, i, s: ops.scatter_add(x, 0, i, s),
+         (x[0], rng.integers(0, 3, (5, 4)), rng.standard_normal((5, 4))), f"{U}::test_index_add_and_scatter_add"),
+        ("segment_sum", "5 segments", lambda d, i: ops.segment_sum(d, i, 5),
+         (x[0].T, np.array([1, 0, 4, 1])), f"{U}::test_segment_sum_and_bincount"),
+        ("bincount", "weights, length=4", lambda i, w: ops.bincount(i, w, 4),
+         (rng.integers(0, 4, 64), rng.random(64)), f"{U}::test_segment_sum_and_bincount"),
+        ("histogram", "8 bins over [-1, 1], weights", lambda x, w: ops.histogram(x, 8, -1.0, 1.0, w),
+         (rng.standard_normal(64), rng.random(64)), f"{U}::test_histogram_matches_histc"),
+        ("embedding_bag", "mode='mean'", lambda w, i, o: ops.embedding_bag(w, i, o, "mean"),
+         (x[0].T, np.array([3, 0, 2, 1]), np.array([0, 1, 1])), f"{U}::test_embedding_bag"),
     ]
 
 
@@ -137,6 +152,8 @@ def _forms(fn, args) -> tuple[str, list[str]]:
     for buffer, forms in by_buffer.items():
         counted = [f"{f} ×{forms.count(f)}" if forms.count(f) > 1 else f for f in dict.fromkeys(forms)]
         parts.append(f"`{buffer}`: {', '.join(counted)}")
+    parts += [f"update of `{u.prev}`: rung {explanation.rungs[u.name].split(':')[0]}"  # docs/updates.md
+              for u in explanation.program.funcs if u.name in explanation.rungs]
     return "; ".join(parts), reasons
 
 
@@ -174,6 +191,9 @@ Notes:
 * `cross_entropy` and `nll_loss` select the target class with `target == c` over the classes
   instead of indexing `logp[n, target[n]]`, so their adjoints are gathers; a target outside
   `[0, C)` still raises `BoundsError` at run time.
+* The scans and scatters (`cumsum` to `embedding_bag`) are update definitions; the rung is how the
+  forward update runs (docs/updates.md: 1 parallel, 3 partial bins, 4 serial over the rdom,
+  parallel over the other axes). A scan's adjoint is a `reverse-scan`, the update run backwards.
 * `conv2d`/`conv1d` with `padding_mode` 'reflect', 'replicate' or 'circular' read a padded copy
   made with a boundary view (its adjoint is a small piecewise gather); zero padding is read
   through `hd.constant_exterior` inside the convolution itself.

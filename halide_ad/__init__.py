@@ -20,6 +20,7 @@ _EXPORTS = {
                             "tan", "tanh", "where"),
     "halide_ad.api": ("Function", "func", "grad", "value_and_grad", "vjp"),
     "halide_ad.explanation": ("explain",),
+    "halide_ad.updates": ("full", "var", "zeros"),
     "halide_ad.check": ("check_grad",),
     "halide_ad.forward": ("jacfwd", "jvp"),
     "halide_ad.custom": ("custom_jvp", "custom_vjp"),

@@ -13,8 +13,10 @@ import numpy as np
 
 from halide_ad.affine import linear_form
 from halide_ad.errors import HalideADError, InternalError, NotDifferentiableError
-from halide_ad.ir import (Adjoint, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce, Scatter,
-                          Select, Var, adjoint_name, argindex_name, cast, const, dtype_of, is_float)
+from halide_ad.ir import (Adjoint, Bin, Call, Cast, Const, Expr, Func, Load, Op, Program, Range, Reduce,
+                          ReverseScan, Scatter, Select, Update, Var, adjoint_name, argindex_name, cast, const,
+                          dtype_of, is_float)
+from halide_ad.update_ad import update_adjoint
 from halide_ad.traverse import (children, conjunction, conjuncts, flat_index, is_zero, loads, simplify,
                                 substitute, walk)
 
@@ -120,9 +122,9 @@ def read_by_gradients(program: Program) -> set[str] | None:
         adjoints = reverse_mode(program, wrt)
     except HalideADError:
         return None
-    return {n.buffer for adj in adjoints for s in adj.scatters
-            for e in (s.value, s.where, *s.index) if e is not None
-            for n in walk(e) if isinstance(n, Load)}
+    exprs = [e for adj in adjoints for s in adj.scatters for e in (s.value, s.where, *s.index) if e is not None]
+    exprs += [e for adj in adjoints if adj.scan is not None for e in adj.scan.exprs()]
+    return {n.buffer for e in exprs for n in walk(e) if isinstance(n, Load)}
 
 
 def without_unused_argindex(program: Program) -> Program:
@@ -157,19 +159,47 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
     overridden = {name for o in program.overrides for name in o.region}
     needs -= overridden - {name for o in program.overrides for name in o.outputs}
     contributions: dict[str, list[Scatter]] = {b: [] for b in needs}
+    scans = {}  # update name -> the ReverseScan that runs it backwards (halide_ad/update_ad.py)
     for f in reversed(program.funcs):
-        if f.name in needs and f.name not in overridden:
-            for s in _func_scatters(f, needs):
-                contributions[s.buffer].append(s)
+        if f.name not in needs or f.name in overridden:
+            continue
+        if isinstance(f, Update):
+            scatters, scan = update_adjoint(f, needs, _backprop)
+            if scan is not None:
+                scans[f.name] = scan
+                needs.add(f.prev)  # the backward run keeps the tensor's adjoint there
+        else:
+            scatters = _func_scatters(f, needs)
+        for s in scatters:
+            contributions.setdefault(s.buffer, []).append(s)
     for o in program.overrides:
         if needs & set(o.outputs):
             for s in o.scatters:
                 if s.buffer in needs:
-                    contributions[s.buffer].append(s)
-    order = [f.name for f in reversed(program.funcs) if f.name in needs] + [
-        b.name for b in program.inputs if b.name in needs]
-    return [Adjoint(name, program.buffer(name).shape, program.buffer(name).dtype,
-                    name in program.outputs, _merge(contributions[name])) for name in order]
+                    contributions.setdefault(s.buffer, []).append(s)
+    adjoints = []
+    for name in [f.name for f in reversed(program.funcs) if f.name in needs] + [
+            b.name for b in program.inputs if b.name in needs]:
+        buffer = program.buffer(name)
+        adjoints.append(Adjoint(name, buffer.shape, buffer.dtype, name in program.outputs,
+                                _merge(contributions.get(name, []))))
+        if name in scans:  # right after the update's own adjoint, which it reads
+            adjoints += _scan_adjoints(scans[name], contributions)
+    return adjoints
+
+
+def _scan_adjoints(scan: ReverseScan, contributions: dict[str, list[Scatter]]) -> list[Adjoint]:
+    """The buffers a backward run fills: a taped one's working copy and per-point contributions
+    (buffers of the gradient's own, allocated as adjoints are), then the one that runs it."""
+    u = scan.update
+    own = [Adjoint(name, scan.writes_shape, u.dtype, False, ()) for name, _ in scan.stored]
+    if scan.state is not None:
+        own.append(Adjoint(scan.state, u.shape, u.dtype, False, ()))
+    if contributions.get(u.prev):
+        raise NotDifferentiableError(f"no gradient through the update of {u.prev}: it is a scan, whose "
+                                     f"adjoint runs it backwards, and {u.prev} is also read before the "
+                                     "update; read a copy made with hd.compute instead", u.loc)
+    return own + [Adjoint(scan.writes, scan.writes_shape, u.dtype, False, (), scan)]
 
 
 def _func_scatters(f: Func, needs: set[str]) -> list[Scatter]:

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from halide_ad import config, disk_cache
 from halide_ad.ad import read_by_gradients, reverse_mode
-from halide_ad.ir import Adjoint, Load, Program, Reduce, adjoint_name, is_float
+from halide_ad.ir import Adjoint, Load, Program, Reduce, Update, adjoint_name, is_float
 from halide_ad.runtime.codegen import emit_backward, emit_forward, settings as codegen_settings, split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
@@ -29,6 +29,7 @@ from halide_ad.runtime.inline import inline_adjoints, inline_stages
 from halide_ad.runtime.plans import AdjointPlan, gather_vars
 from halide_ad.runtime.route import engines, route, with_engine
 from halide_ad.runtime.schedule import piece_exprs
+from halide_ad.runtime.updates import compile_with_updates, emit_reverse_scan
 from halide_ad.show import show, show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
 from halide_ad.traverse import walk
@@ -54,6 +55,8 @@ def compile_forward(program: Program) -> Kernel:
     Funcs that need not be stored are computed where they are read (`inline_stages`); a reduction
     to one point runs as partial results first (`split_reduction`), in a buffer of the kernel's
     own (`Kernel.scratch`)."""
+    if any(isinstance(f, Update) for f in program.funcs):  # update definitions: runtime/updates.py
+        return compile_with_updates(program, compile_forward, read_by_gradients(program))
     program, scratch = _forward_stages(program)
     shapes = _shapes(program)
     steps, sources, segment = [], [], []
@@ -121,7 +124,7 @@ def plan_gradient(program: Program, wrt: tuple[str, ...]) -> list[AdjointPlan]:
     """Reverse mode, the inverter, then each optional pass that HALIDE_AD_SKIP does not name."""
     adjoints = _dumped("ad", reverse_mode(program, wrt))
     plans = _dumped("invert", [_inverted(adj) for adj in adjoints])
-    shapes = _shapes(program)
+    shapes = _shapes(program) | {adjoint_name(a.buffer): a.shape for a in adjoints}  # (a scan's writes too)
     passes = (("route", lambda plans: route(plans, shapes)),
               ("inline", lambda plans: inline_adjoints(plans, wrt)))
     for name, transform in passes:
@@ -169,7 +172,8 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     """Loop-nest adjoints share numba functions; an adjoint with BLAS contributions ends one, and
     its contractions are added after the loop nest has written the rest."""
     plans = plan_gradient(program, wrt)
-    private = _private_adjoints(program, plans, wrt)
+    scanned = {adjoint_name(p.adjoint.scan.update.name) for p in plans if p.adjoint.scan is not None}
+    private = _private_adjoints(program, plans, wrt) - scanned  # an update's backward run reads them whole
     named = {b.name for b in program.inputs} | {f.name for f in program.funcs}
     temporaries = tuple((adjoint_name(p.adjoint.buffer), p.adjoint.shape)  # products per tap (`_tap_product`)
                         for p in plans if p.adjoint.buffer not in named)
@@ -190,6 +194,13 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
         segment.clear()
 
     for plan in plans:
+        if plan.adjoint.scan is not None:  # an update run backwards: runtime/updates.py
+            flush()
+            entry = f"backward{len(sources)}"
+            source, params, checks = emit_reverse_scan(plan.adjoint.scan, _shapes(program), entry)
+            steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
+            sources.append(source)
+            continue
         blas = tuple(c for c in plan.contributions if isinstance(c, Contraction))
         if not blas:
             segment.append(plan)

@@ -8,7 +8,9 @@ from halide_ad.ad import clamps_into_extrema
 from halide_ad.api import as_function
 from halide_ad.show import show_func, show_scatter
 from halide_ad.runtime.contract import Contraction
+from halide_ad.errors import NotDifferentiableError
 from halide_ad.solver import Fallback
+from halide_ad.solver.updates import schedule as update_schedule
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class Explanation:
     fused: tuple[str, ...] = ()  # Funcs the forward computes where they are read, not stored
     through: dict[str, str] = field(default_factory=dict)  # clamps differentiated inside a max or min
     tiers: tuple[str, ...] = ()  # which tier ran each pass (halide_ad/tiered.py)
+    rungs: dict[str, str] = field(default_factory=dict)  # update definitions: how each runs, and why
+    refused: str | None = None  # why no gradient exists (NotDifferentiableError's message)
 
     def forms(self, buffer: str | None = None) -> list[str]:
         return [c.form for c in self.contributions if buffer is None or c.buffer == buffer]
@@ -41,8 +45,11 @@ class Explanation:
         through = "  [no adjoint: differentiated inside {}, whose output its test reads]"
         lines += [f"  {show_func(f)}" + (fused if f.name in self.fused else "")
                   + (through.format(self.through[f.name]) if f.name in self.through else "")
+                  + (f"\n      runs at rung {self.rungs[f.name]}" if f.name in self.rungs else "")
                   for f in self.program.funcs]
         lines += [f"  outputs: {', '.join(self.program.outputs)}", "", "-- adjoint contributions"]
+        if self.refused:
+            lines.append(f"  no gradient: {self.refused}")
         for c in self.contributions:
             lines.append(f"  [{c.form}] {c.formula}" + (f"   ({c.loc})" if c.loc else ""))
             if c.reason:
@@ -61,10 +68,23 @@ def explain(fn, *args, **kwargs) -> Explanation:
     wrt = tuple(n for n in traced.arg_names if n is not None and ir.is_float(traced.program.buffer(n).dtype))
     tiers = _tiers(traced, wrt)
     forward = traced.forward_kernel()
-    kernel, plans = traced.gradient(wrt)
+    rungs = {f.name: f"{s.rung}: {s.reason}" for f in traced.program.funcs if isinstance(f, ir.Update)
+             for s in [update_schedule(f)]}
+    try:
+        kernel, plans = traced.gradient(wrt)
+    except NotDifferentiableError as e:
+        if not rungs:
+            raise
+        return Explanation(traced.program, (), forward.source, "", rungs=rungs, refused=e.bare_message)
     contributions = []
     stored = kernel.buffers()
     for plan in plans:
+        if plan.adjoint.scan is not None:
+            u = plan.adjoint.scan.update
+            order = ", ".join(f"{r.var.name} from {r.hi - 1} down to {r.lo}" for r in u.rdom)
+            contributions.append(Contribution(u.prev, "reverse-scan", f"adj_{u.prev}, adj_{plan.adjoint.buffer}: "
+                                              f"the update of {u.prev} run backwards ({order})", None,
+                                              str(u.loc) if u.loc else None))
         staged = not plan.inlined and ir.adjoint_name(plan.adjoint.buffer) not in stored
         for c in plan.contributions:
             routed = ""
@@ -81,7 +101,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
                                               str(s.loc) if s.loc else None))
     fused = tuple(f.name for f in traced.program.funcs if f.name not in forward.buffers())
     through = clamps_into_extrema(traced.program)[1]
-    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused, through, tiers)
+    return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused, through, tiers,
+                       rungs)
 
 
 def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from halide_ad.expr import Expr as FrontExpr
 from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Select, Var
 from halide_ad.tensor import BoundaryView, Tensor, add_func, captured, compute, is_tensorlike
 from halide_ad.trace import current, require
-from halide_ad.traverse import flat_index, simplify, substitute
+from halide_ad.traverse import flat_index, simplify, substitute, walk
 
 Tangents = dict[str, str]  # primal buffer -> its tangent buffer; a buffer not in it has tangent 0
 
@@ -109,6 +109,11 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
                 applied.add(id(call))
                 _apply_rule(call, tangent_of, state)
             continue
+        if isinstance(f, ir.Update) and (f.prev in tangent_of or _reads_tangent(f.value, tangent_of)):
+            raise NotDifferentiableError(
+                f"hd.jvp reached the update definition of {f.prev}: forward mode through update "
+                "definitions is not built yet. Use reverse mode (hd.grad, hd.vjp; "
+                "hd.check_grad(..., modes=('rev',)) checks it).", f.loc)
         body = tangent_body(f, tangent_of, state)
         if body is None:
             continue
@@ -161,6 +166,10 @@ def _zeros(leaf):
 
 def _as_expr(node: Expr):
     return FrontExpr(node)
+
+
+def _reads_tangent(e: Expr, tangent_of: Tangents) -> bool:
+    return any(isinstance(n, Load) and n.buffer in tangent_of for n in walk(e))
 
 
 # ---- the tangent of one Func --------------------------------------------------------------------

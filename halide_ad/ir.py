@@ -176,6 +176,64 @@ class Func:
         return next(t for t in ("int8", "int16", "int32", "int64") if positions <= np.iinfo(t).max)
 
 
+UPDATE_CALL = "update"  # `Update.body`'s pseudo-call: what it reads, for passes that only walk loads
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """An update definition: buffer `name` is the previous stage `prev`, then
+
+        name[index] = value        at every point of `pure` (independent) x `rdom` where `where` holds,
+
+    the rdom's points in lexicographic order as if serially. Loads of `name` in index, value and
+    where read the buffer as updated so far (a scan reads its own earlier writes); `prev` is read
+    only as the starting contents. `t[i] += v` arrives as `value = t[i] + v`. Each pure variable
+    stands bare in `index` (at `pure_dims`), and reads of `name` use it at the same position, so
+    pure points never touch each other's elements (Halide's rule).
+    """
+    name: str
+    prev: str
+    shape: tuple[int, ...]
+    dtype: str
+    pure: tuple[Range, ...]
+    pure_dims: tuple[int, ...]
+    rdom: tuple[Range, ...]
+    index: tuple[Expr, ...]
+    value: Expr
+    where: Expr | None = None
+    loc: SourceLoc | None = field(default=None, compare=False, repr=False)
+    # z3 proved (solver/updates.py, at trace time) that distinct rdom points write distinct elements
+    # and read none that another point writes: the rdom may run in any order
+    independent: bool = False
+    # z3 proved (at trace time) that its writes are one-to-one and that each read of the tensor,
+    # other than of the element being written, sees its final value: its adjoint is the update
+    # run backwards (`ReverseScan`)
+    reversible: bool = False
+    # neither: the forward records each point's overwritten value (`tape_name`), and the adjoint
+    # rolls the tensor back point by point (a Horner loop, an in-place max over colliding writes)
+    taped: bool = False
+
+    argindex = False
+    keeps_argindex = False
+
+    @property
+    def buffer(self) -> Buffer:
+        return Buffer(self.name, self.shape, self.dtype)
+
+    @property
+    def body(self) -> Expr:
+        """Not evaluable: every expression the update reads, for passes that walk a stage's loads
+        (liveness, reachability). Passes that compute treat Updates on their own."""
+        parts = (Load(self.prev, (), self.dtype), *self.index, self.value) + (
+            (self.where,) if self.where is not None else ())
+        return Call(UPDATE_CALL, parts)
+
+
+def tape_name(update_name: str) -> str:
+    """The forward's record of what a taped update overwrote, per point of its domain."""
+    return f"{update_name}_tape"
+
+
 def argindex_name(func_name: str) -> str:
     return f"arg_{func_name}"
 
@@ -188,7 +246,7 @@ def adjoint_name(buffer_name: str) -> str:
 class Program:
     name: str
     inputs: tuple[Buffer, ...]
-    funcs: tuple[Func, ...]
+    funcs: tuple[Func | Update, ...]  # stages in order; Updates only from update definitions
     outputs: tuple[str, ...]
     overrides: tuple[Override, ...] = ()  # custom_vjp rules, for reverse mode
 
@@ -198,7 +256,7 @@ class Program:
                 return b
         return self.func(name).buffer
 
-    def func(self, name: str) -> Func:
+    def func(self, name: str) -> Func | Update:
         for f in self.funcs:
             if f.name == name:
                 return f
@@ -302,13 +360,44 @@ class Scatter:
 
 
 @dataclass(frozen=True)
+class ReverseScan:
+    """A scan's adjoint: its update run backwards (halide_ad/update_ad.py). adj_<prev> starts as
+    adj_<update>; then at each point of the update's domain, in reverse order, where the update's
+    predicate holds: g = adj_<prev>[index] is kept in adj_<writes>[point], adj_<prev>[index] = 0,
+    and each term adds `adj_<prev>[term.index] += term.value` (terms read g from adj_<writes>).
+
+    A taped update first rolls its element back, adj_<state>[index] = tape[point], in a copy of the
+    final tensor (adj_<state>, which the terms read as the tensor); the derivative's contributions
+    to other tensors, which read that state too, are kept per point in `stored` (adj_<name>[point]
+    = value) for the scatters that read them."""
+    update: Update
+    writes: str  # adj_<writes>[pure..., rdom - lo...]: the adjoint of each point's written value
+    terms: tuple[Scatter, ...]
+    state: str | None = None  # taped: the working copy of the tensor
+    stored: tuple[tuple[str, Expr], ...] = ()
+
+    @property
+    def writes_shape(self) -> tuple[int, ...]:
+        return tuple(r.hi - r.lo for r in self.update.pure + self.update.rdom)
+
+    def exprs(self) -> list[Expr]:
+        """Everything the backward kernel evaluates."""
+        u = self.update
+        return [*u.index, *([u.where] if u.where is not None else []),
+                *(e for t in self.terms for e in (t.value, *t.index, *([t.where] if t.where is not None else []))),
+                *(value for _, value in self.stored)]
+
+
+@dataclass(frozen=True)
 class Adjoint:
-    """adj_<buffer> = (cotangent if seeded) + the sum of `scatters`."""
+    """adj_<buffer> = (cotangent if seeded) + the sum of `scatters`; or, with `scan`, computed by
+    running that scan backwards (it fills adj_<scan.update.prev> too)."""
     buffer: str
     shape: tuple[int, ...]
     dtype: str
     seeded: bool
     scatters: tuple[Scatter, ...]
+    scan: ReverseScan | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """`show(e)`: an expression as a person would write it, e.g. `2 * (j - 1) + 1`."""
 from __future__ import annotations
 
-from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Scatter, Select, Var
+from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Scatter, Select, Update, Var
 
 _PRECEDENCE = {Op.OR: 1, Op.AND: 2, Op.EQ: 3, Op.NE: 3, Op.LT: 3, Op.LE: 3, Op.GT: 3, Op.GE: 3,
                Op.ADD: 4, Op.SUB: 4, Op.MUL: 5, Op.DIV: 5, Op.FLOORDIV: 5, Op.MOD: 5, Op.POW: 7}
@@ -58,7 +58,11 @@ def show_scatter(s: Scatter) -> str:
     return text + (f" if {show(s.where)}" if s.where is not None else "")
 
 
-def show_func(f: Func) -> str:
+def show_func(f: Func | Update) -> str:
+    if isinstance(f, Update):
+        loops = ", ".join(f"{r.var.name} in [{r.lo}, {r.hi})" for r in f.pure + f.rdom)
+        return (f"{f.name}[{', '.join(map(show, f.index))}] = {show(f.value)}    # update of {f.prev}, {f.dtype}"
+                + (f", for {loops}" if loops else "") + (f" if {show(f.where)}" if f.where is not None else ""))
     lhs = f"{f.name}[{', '.join(v.name for v in f.vars)}]"
     dom = " for " + ", ".join(f"{v.name} < {n}" for v, n in zip(f.vars, f.shape, strict=True)) if f.vars else ""
     return f"{lhs} = {show(f.body)}    # {f.dtype}{dom}"

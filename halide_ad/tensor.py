@@ -71,10 +71,11 @@ def _assigned_names(frame, count: int) -> list[str] | None:
 class Tensor:
     """A whole symbolic array while tracing: a function input or the result of `hd.compute`."""
 
-    __slots__ = ("buffer",)
+    __slots__ = ("buffer", "last_item")
 
     def __init__(self, buffer: ir.Buffer):
         self.buffer = buffer
+        self.last_item = None  # (int index, the 0-d slice it gave): see updates._live_element
 
     name = property(lambda self: self.buffer.name)
     shape = property(lambda self: Shape(self.buffer.shape, self.buffer.name))
@@ -90,7 +91,13 @@ class Tensor:
         state = current()
         if (state is not None and state.compute_vars is not None) or any(isinstance(i, Expr) for i in index):
             return element(self, index)
-        return slice_tensor(self, index)
+        out = slice_tensor(self, index)
+        self.last_item = (index, out.name) if out.ndim == 0 and state is not None else None
+        return out
+
+    def __setitem__(self, index, value):
+        from halide_ad.updates import set_item  # update definitions (halide_ad/updates.py)
+        set_item(self, index, value)
 
     def __bool__(self):
         raise TraceError(f"{self} has no truth value while tracing: Python control flow (`if`, `while`, "
@@ -543,16 +550,22 @@ def _broadcast_element(x, idx: tuple, shape: tuple[int, ...]):
     return element(x, tuple(0 if n == 1 else idx[offset + d] for d, n in enumerate(x.shape)))
 
 
-def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor:
+def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor | Expr:
     """`scalar_fn` applied elementwise over the broadcast of the tensors among `args`. A numpy
-    array among them is a captured input (halide_ad/capture.py)."""
+    array among them is a captured input (halide_ad/capture.py). With element expressions among
+    them, 0-d tensors are single elements (`hd.maximum(t[0], x[r])` in an update's value) and the
+    result is an expression."""
     args = tuple(captured(a) if isinstance(a, np.ndarray) else a for a in args)
+    if any(isinstance(a, Expr) for a in args) and all(a.ndim == 0 for a in args if isinstance(a, Tensor)):
+        return scalar_fn(*(element(a, ()) if isinstance(a, Tensor) else a for a in args))
     shape = broadcast_shape(*(a.shape for a in args if is_tensorlike(a)))
     return compute(shape, lambda *idx: scalar_fn(*(_broadcast_element(a, idx, shape) for a in args)),
                    name=name)
 
 
-def tensor_binary(op: ir.Op, a, b) -> Tensor:
+def tensor_binary(op: ir.Op, a, b) -> Tensor | Expr:
+    if any(isinstance(x, Expr) for x in (a, b)) and all(x.ndim == 0 for x in (a, b) if isinstance(x, Tensor)):
+        return map_elementwise(lambda x, y: binary(op, x, y), (a, b), op.name.lower())  # 0-d: elements
     for x in (a, b):
         if isinstance(x, Expr):
             raise TraceError(f"cannot combine a whole tensor with the element expression `{x.node}`; "

@@ -38,11 +38,12 @@ import numpy as np
 
 from halide_ad import config
 from halide_ad.ad import reverse_mode
-from halide_ad.ir import Load, Program, Reduce
+from halide_ad.ir import Load, Program, Reduce, Update
 from halide_ad.runtime import reference
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import walk
 
+PYTHON_STEP = 1000  # element operations that one Python-level step of the interpreter costs, about
 INTERPRETED = "\0interpreted"  # a key of the interpreter's buffers: their gradient is interpreted too
 
 
@@ -53,7 +54,9 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     work = 0
     for f in program.funcs:
         points = math.prod(f.shape)
-        if isinstance(f.body, Reduce):
+        if isinstance(f, Update):  # the interpreter steps through the rdom in Python, forward and back
+            points += 2 * math.prod(r.extent for r in f.rdom) * (PYTHON_STEP + math.prod(r.extent for r in f.pure))
+        elif isinstance(f.body, Reduce):
             points *= math.prod(r.extent for r in f.body.rvars)
         work += points
         if any(isinstance(n, Load) and any(map(checked_at_run_time, n.index)) for n in walk(f.body)):

@@ -21,6 +21,7 @@ class TraceState:
     var_ranges: dict[ir.Var, ir.Range] = field(default_factory=dict)
     reduction_vars: set[ir.Var] = field(default_factory=set)
     rdom_where: dict[ir.Var, ir.Expr] = field(default_factory=dict)  # rvar -> its rdom's predicate
+    update_vars: set[ir.Var] = field(default_factory=set)  # hd.var()s: pure variables of update definitions
     compute_vars: tuple[ir.Var, ...] | None = None  # pure vars of the hd.compute being traced
     named: list[str] = field(default_factory=list)  # Funcs the user named (hd.compute's name=)
     checkpoints: list[tuple[str, ...]] = field(default_factory=list)  # the Funcs of each hd.checkpoint call

@@ -248,8 +248,8 @@ def _stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> 
                  for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)]  # two passes need a plane
                 + [d for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)
                    for d in cut_dims(p.new_vars, p.adjoint.shape, s)[:1]])
-    par = parallel_dim(shape)
-    if (not depth or par is not None and par >= depth or producer.adjoint.shape[:depth] != shape[:depth]
+    par = parallel_dim(shape)  # (depth is -1 for a 0-d adjoint)
+    if (depth <= 0 or par is not None and par >= depth or producer.adjoint.shape[:depth] != shape[:depth]
             or parallel_dim(producer.adjoint.shape) != par or math.prod(producer.adjoint.shape[depth:]) > MAX_STAGE):
         return 0
     loads = [n for g in gathers[k + 1] for p in g.pieces for e in piece_exprs(p) for n in walk(e)

@@ -123,9 +123,12 @@ def inline_adjoints(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[Adjo
     `adj_sum[j] = adj_avg[j] / 9` of an average, the `adj_y[j] * (x[j] > 0)` of a relu): the
     adjoints that read it compute it where they read it, saving a pass over memory."""
     out = list(plans)
+    scanned = {adjoint_name(p.adjoint.scan.update.name) for p in plans if p.adjoint.scan is not None}
     for k, plan in enumerate(out):
-        value = _pointwise_value(plan, wrt)
         name = adjoint_name(plan.adjoint.buffer)
+        if name in scanned:  # an update's backward run reads it whole (runtime/updates.py)
+            continue
+        value = _pointwise_value(plan, wrt)
         later = out[k + 1:]
         blas_reads = any(isinstance(c, Contraction) and reads(c.inverse.scatter.value, name)
                          for p in later for c in p.contributions)

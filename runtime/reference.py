@@ -11,14 +11,16 @@ appends one axis per reduction variable and then reduces those axes away.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from halide_ad.errors import InternalError
+from halide_ad.errors import BoundsError, InternalError
 from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
-                          Scatter, Select, Var, adjoint_name, argindex_name, dtype_of, is_float)
+                          ReverseScan, Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float,
+                          tape_name)
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,9 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
     out: dict[str, np.ndarray] = {}
     with np.errstate(all="ignore"):  # untaken branches may divide by zero, take log(-1), ...
         for f in program.funcs:
+            if isinstance(f, Update):
+                out[f.name] = buffers[f.name] = _update(f, buffers, out)
+                continue
             env = _domain(f.domain, buffers)
             if isinstance(f.body, Reduce):
                 value, arg = _reduce(f.body, env)
@@ -163,6 +168,79 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
                 value = _eval(f.body, env)
             out[f.name] = buffers[f.name] = np.broadcast_to(value, f.shape).astype(f.dtype)
     return out
+
+
+def _update(u: Update, buffers: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> np.ndarray:
+    """The update run as written: the rdom's points one at a time in lexicographic order, each at
+    every pure point at once (pure points never touch each other's elements). A taped one
+    records what each point overwrites in out[tape_name(u.name)]."""
+    t = np.array(buffers[u.prev], u.dtype).reshape(u.shape)
+    flat = t.reshape(u.shape or (1,))  # (a view: a 0-d tensor is written as shape (1,))
+    tape = out[tape_name(u.name)] = np.zeros(tuple(r.hi - r.lo for r in u.pure + u.rdom), u.dtype) if u.taped else None
+    here = dict(buffers) | {u.name: t}  # reads of u.name see the writes so far
+    pure = _domain(u.pure, here)
+    lead = (1,) * len(pure.shape)
+    at = tuple(np.broadcast_to(pure.grids[r.var], pure.shape) for r in u.pure)
+    for point in itertools.product(*(range(r.lo, r.hi) for r in u.rdom)):
+        grids = pure.grids | {r.var: np.full(lead, x, np.int64) for r, x in zip(u.rdom, point, strict=True)}
+        env = Env(grids, here, pure.shape)
+        mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
+        index = _at(u.index, env, mask)
+        value = np.broadcast_to(_eval(u.value, env), pure.shape)[mask]
+        for d, (i, n) in enumerate(zip(index, u.shape or (1,), strict=True)):
+            if i.size and (i.min() < 0 or i.max() >= n):
+                bad = i[(i < 0) | (i >= n)][0]
+                raise BoundsError(f"a data-dependent index was {bad}, outside dimension {d} of {u.prev} "
+                                  f"(valid: 0..{n - 1}), written at {u.loc}. Clamp the index (hd.clamp) "
+                                  "or fix the index data.")
+        if tape is not None:
+            tape[_slot(u, at, mask, point)] = flat[index]
+        flat[index] = value
+    return t
+
+
+def _at(index: tuple[Expr, ...], env: Env, mask: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The elements `index` names at the unmasked points, for a buffer of shape (1,) when 0-d."""
+    if not index:
+        return (np.zeros(int(mask.sum()), np.intp),)
+    return tuple(np.broadcast_to(_eval(e, env), env.shape)[mask] for e in index)
+
+
+def _slot(u: Update, at: tuple[np.ndarray, ...], mask: np.ndarray, point: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """Where the unmasked pure points at rdom `point` sit in a buffer over the update's domain."""
+    return tuple(a[mask] for a in at) + tuple(np.full(mask.sum(), x - r.lo) for r, x in zip(u.rdom, point, strict=True))
+
+
+def _reverse_scan(scan: ReverseScan, buffers: dict[str, np.ndarray]) -> None:
+    """The update run backwards, as `ReverseScan` says: adj_<prev> and adj_<writes> into `buffers`."""
+    u = scan.update
+    adj = buffers[adjoint_name(u.prev)] = np.array(buffers[adjoint_name(u.name)], u.dtype).reshape(u.shape)
+    flat = adj.reshape(u.shape or (1,))
+    writes = buffers[adjoint_name(scan.writes)] = np.zeros(scan.writes_shape, u.dtype)
+    for name, _ in scan.stored:
+        buffers[adjoint_name(name)] = np.zeros(scan.writes_shape, u.dtype)
+    state = None if scan.state is None else np.array(buffers[u.name], u.dtype).reshape(u.shape)
+    if state is not None:
+        buffers[adjoint_name(scan.state)] = state
+    pure = _domain(u.pure, buffers)
+    lead = (1,) * len(pure.shape)
+    at = tuple(np.broadcast_to(pure.grids[r.var], pure.shape) for r in u.pure)
+    for point in reversed(list(itertools.product(*(range(r.lo, r.hi) for r in u.rdom)))):
+        grids = pure.grids | {r.var: np.full(lead, x, np.int64) for r, x in zip(u.rdom, point, strict=True)}
+        env = Env(grids, buffers, pure.shape)
+        mask = np.ones(pure.shape, bool) if u.where is None else np.broadcast_to(_eval(u.where, env), pure.shape)
+        index = _at(u.index, env, mask)
+        slot = _slot(u, at, mask, point)
+        if state is not None:
+            state.reshape(u.shape or (1,))[index] = buffers[tape_name(u.name)][slot]
+        writes[slot] = flat[index]
+        flat[index] = 0
+        for name, value in scan.stored:
+            buffers[adjoint_name(name)][slot] = np.broadcast_to(_eval(value, env), pure.shape)[mask]
+        for term in scan.terms:
+            keep = mask if term.where is None else mask & np.broadcast_to(_eval(term.where, env), pure.shape)
+            value = np.broadcast_to(_eval(term.value, env), pure.shape)[keep]
+            np.add.at(flat, _at(term.index, env, keep), value)
 
 
 def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
@@ -197,7 +275,11 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
                    for k, a in buffers.items()}
     with np.errstate(all="ignore"):
         for adjoint in adjoints:  # outputs first: a scatter reads earlier adjoints
-            adj = np.zeros(adjoint.shape, adjoint.dtype)
+            if adjoint.scan is not None:
+                _reverse_scan(adjoint.scan, env_buffers)
+                continue
+            # (an update's reverse scan may have filled it already)
+            adj = env_buffers.get(adjoint_name(adjoint.buffer), np.zeros(adjoint.shape, adjoint.dtype))
             if adjoint.seeded:
                 if adjoint.buffer not in cotangents:
                     raise ValueError(f"no cotangent for output {adjoint.buffer}")

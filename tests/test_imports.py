@@ -10,7 +10,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"halide_ad": ROOT / "halide_ad", "halide_ad.solver": ROOT / "solver",
             "halide_ad.runtime": ROOT / "runtime"}
 CORE = {"halide_ad", "halide_ad.ir", "halide_ad.traverse", "halide_ad.show", "halide_ad.errors",
-        "halide_ad.config", "halide_ad.affine", "halide_ad.ad", "halide_ad.disk_cache", "halide_ad.trace"}
+        "halide_ad.config", "halide_ad.affine", "halide_ad.ad", "halide_ad.disk_cache", "halide_ad.trace",
+        "halide_ad.update_ad"}
 # Optional integrations import their library (and halide_ad) when they are used.
 OPTIONAL = {"halide_ad.torch", "halide_ad.jax", "halide_ad.dask"}
 # Function-level imports that remain, each with its reason.
@@ -18,6 +19,7 @@ DEFERRED = {
     ("halide_ad.expr", "halide_ad.tensor"),  # Expr's operators accept Tensors, and Tensor is built on Expr
     ("halide_ad.ir", "halide_ad.show"),  # an Expr prints itself with show, which is written over the IR
     ("halide_ad.retrace", "halide_ad.api"),  # a gradient while tracing traces the user's function through the API
+    ("halide_ad.tensor", "halide_ad.updates"),  # Tensor.__setitem__ is an update definition, built on Tensor
 }
 
 

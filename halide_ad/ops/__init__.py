@@ -55,6 +55,16 @@ from halide_ad.ops.pool import (
     upsampling,
 )
 from halide_ad.ops.reduce import max, mean, min, prod, sum
+from halide_ad.ops.scatter import (
+    bincount,
+    cumprod,
+    cumsum,
+    embedding_bag,
+    histogram,
+    index_add,
+    scatter_add,
+    segment_sum,
+)
 from halide_ad.ops.shape import (
     broadcast_to,
     concatenate,
@@ -133,4 +143,13 @@ __all__ = [
                                        "transpose",
                                        "upsampling",
                                        "where",
+                                       # scans and scatters (update definitions)
+                                       "bincount",
+                                       "cumprod",
+                                       "cumsum",
+                                       "embedding_bag",
+                                       "histogram",
+                                       "index_add",
+                                       "scatter_add",
+                                       "segment_sum",
 ]

@@ -1,7 +1,8 @@
 """Fuzzed programs: random compositions of stages (elementwise math, stencils and windows under
 boundary views, reductions, pooling, strided reads, upsampling, transposes, reshapes, 1-d
-convolutions and scaling by a weight input, softmax, fan-out, reads at an argmax) over random shapes of 1-4 dimensions, sizes
-including 1. The compiled forward and gradient must equal the numpy reference interpreter
+convolutions and scaling by a weight input, softmax, fan-out, reads at an argmax, and update
+definitions: scans, affine scatters, histograms and in-place maxima) over random shapes of 1-4
+dimensions, sizes including 1. The compiled forward and gradient must equal the numpy reference interpreter
 (`evaluate`, and `scatter_adjoints`, which never uses the solver), and smooth programs must pass
 finite differences.
 
@@ -54,11 +55,11 @@ def _interpreted(monkeypatch):
 def _kinds(shape, smooth):
     nd = len(shape)
     kinds = ["conv", "scale", "unary", "stencil", "window", "stride", "upsample", "combine", "softmax", "reduce",
-             "pool", "reshape"]
+             "pool", "reshape", "scan", "scatter"]
     if nd >= 2:
         kinds.append("transpose")
     if not smooth:
-        kinds.append("take_max")
+        kinds += ["take_max", "histogram", "inplace_max"]
     return kinds
 
 
@@ -108,6 +109,15 @@ def stage(draw, shape, shapes_so_far, smooth):
         s = draw(st.integers(1, 3))
         op = "sum" if smooth else draw(st.sampled_from(["sum", "max", "min"]))
         return ("pool", op, axis, k, s), shape[:axis] + ((n - k) // s + 1,) + shape[axis + 1:]
+    if kind == "scan" and n > 1:  # t[.., r, ..] += c * t[.., r - 1, ..] (or a ring that rereads)
+        return ("scan", axis, draw(st.sampled_from([0.5, -1.0, 1.0])), draw(st.booleans())), shape
+    if kind == "scatter":  # out[.., r // k, ..] += t[.., r, ..]: colliding affine writes
+        k = draw(st.integers(1, 3))
+        return ("scatter", axis, k), shape[:axis] + (-(-n // k),) + shape[axis + 1:]
+    if kind == "histogram":  # out[.., bin(t), ..] += t: a data-dependent index
+        return ("histogram", axis, draw(st.integers(1, 4))), shape[:axis] + (3,) + shape[axis + 1:]
+    if kind == "inplace_max":  # t2[i] = max(t2[i], t[.., r, ..]) over axis, from a start value
+        return ("inplace_max", axis), shape[:axis] + shape[axis + 1:]
     if kind == "take_max":  # a data-dependent read: t at the argmax along axis
         return ("take_max", axis), shape[:axis] + shape[axis + 1:]
     if kind == "transpose":
@@ -203,6 +213,34 @@ def apply(spec, t, w, tensors):
             shape = t.shape[:axis] + t.shape[axis + 1:]
             arg = hd.compute(shape, lambda *i: hd.argmax(t[i[:axis] + (r,) + i[axis:]]), name="arg")
             return hd.compute(shape, lambda *i: t[i[:axis] + (arg[i],) + i[axis:]], name="take")
+        case ("scan", axis, c, ring):
+            out = hd.compute(t.shape, lambda *i: t[i], name="scanned")
+            i = [hd.var(f"s{d}") for d in range(t.ndim)]
+            n = t.shape[axis]
+            r = hd.rdom((0, 2 * n)) if ring else hd.rdom((1, n))
+            at = tuple(_at(i, axis, r % n if ring else r))
+            out[at] += c * out[tuple(_at(i, axis, (r + 1) % n if ring else r - 1))]
+            return out
+        case ("scatter", axis, k):
+            out = hd.zeros(_at(t.shape, axis, -(-t.shape[axis] // k)), t.dtype)
+            i = [hd.var(f"s{d}") for d in range(t.ndim)]
+            r = hd.rdom(t.shape[axis])
+            out[tuple(_at(i, axis, r // k))] += t[tuple(_at(i, axis, r))]
+            return out
+        case ("histogram", axis, scale):
+            out = hd.zeros(_at(t.shape, axis, 3), t.dtype)
+            i = [hd.var(f"s{d}") for d in range(t.ndim)]
+            r = hd.rdom(t.shape[axis])
+            x = t[tuple(_at(i, axis, r))]
+            out[tuple(_at(i, axis, hd.clamp(hd.cast(hd.floor(x * scale), "int64") + 1, 0, 2)))] += x
+            return out
+        case ("inplace_max", axis):
+            shape = t.shape[:axis] + t.shape[axis + 1:]
+            out = hd.full(shape, -0.5, t.dtype)
+            i = [hd.var(f"s{d}") for d in range(len(shape))]
+            r = hd.rdom(t.shape[axis])
+            out[tuple(i)] = hd.maximum(out[tuple(i)], t[tuple(i[:axis]) + (r,) + tuple(i[axis:])])
+            return out
         case ("transpose", perm):
             return t.transpose(perm)
         case ("reshape", shape):
@@ -236,6 +274,8 @@ def _inputs(in_shape, seed):
          seed=0)  # a negated numpy sum to one number (softmax's max over 16 entries)
 @example(case=((1, 1, 1), (("stencil", 0, "repeat_edge", (1, 2, -1), (0.5, 0.5, -1.0)),)),
          seed=0)  # a window whose taps cancel at a size-1 edge: no separable factors
+@example(case=((2, 1, 1), (("inplace_max", 0), ("inplace_max", 0))),
+         seed=0)  # an update's adjoint, read by its backward run, was inlined into nothing
 def test_random_program_equals_reference(case, seed):
     in_shape, stages = case
     x, w, rng = _inputs(in_shape, seed)

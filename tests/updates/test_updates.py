@@ -1,0 +1,127 @@
+import numba
+import numpy as np
+import pytest
+
+import halide_ad as hd
+
+from halide_ad.runtime.reference import evaluate
+from tests.updates import programs as P
+
+
+def _reference(fn, *args):
+    traced, arrays = fn.trace(args, {})
+    return evaluate(traced.program, arrays)[traced.program.outputs[0]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_histogram_matches_bincount(rng, dtype):
+    idx = rng.integers(-3, 12, 300)  # out-of-range values clamp into the end bins
+    w = rng.random(300).astype(dtype)
+    out = P.histogram(idx, w, 10)
+    expected = np.bincount(np.clip(idx, 0, 9), w.astype(np.float64), 10)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, expected, rtol=1e-5 if dtype == "float32" else 1e-12)
+    np.testing.assert_allclose(out, _reference(P.histogram, idx, w, 10), rtol=1e-5)
+
+
+def test_histogram_empty_bins_and_size_one(rng):
+    idx = np.array([2, 2, 5] * 20)
+    w = rng.random(60)
+    out = P.histogram(idx, w, 8)
+    assert np.all(out[[0, 1, 3, 4, 6, 7]] == 0)
+    np.testing.assert_allclose(out, np.bincount(idx, w, 8))
+    np.testing.assert_allclose(P.histogram(np.array([7]), np.array([0.5]), 1), [0.5])
+
+
+def test_integer_counts_exact(rng):
+    idx = rng.integers(0, 6, 500)
+    assert np.array_equal(P.counts(idx, 6), np.bincount(idx, minlength=6).astype(np.int32))
+
+
+def test_bits_do_not_depend_on_thread_count(rng):
+    """Rung 3 (partial bins), rung 2 (a gather), a scan and the histogram's gradient, on 1, 2 and 4
+    threads (those this machine has)."""
+    idx = rng.integers(0, 16, 5000)
+    w = rng.standard_normal(5000).astype(np.float32)
+    x = rng.standard_normal(999).astype(np.float32)
+    a, b = rng.random((8, 50)).astype(np.float32), rng.random((8, 50)).astype(np.float32)
+    ct = rng.standard_normal(16).astype(np.float32)
+
+    def run():
+        return b"".join(v.tobytes() for v in (P.histogram(idx, w, 16), P.pairs(x), P.iir(a, b),
+                                               hd.vjp(P.histogram, idx, w, 16)[1](ct)[1]))
+
+    before = numba.get_num_threads()
+    counts = [t for t in (1, 2, 4) if t <= numba.config.NUMBA_NUM_THREADS]
+    if len(counts) < 2:
+        pytest.skip("numba has one thread here")
+    try:
+        results = []
+        for t in counts:
+            numba.set_num_threads(t)
+            results.append(run())
+    finally:
+        numba.set_num_threads(before)
+    assert all(r == results[0] for r in results)
+
+
+def test_iir_scan_matches_loop(rng):
+    a, b = rng.random((3, 7)), rng.random((3, 7))
+    y = b.copy()
+    for n in range(1, 7):
+        y[:, n] = a[:, n] * y[:, n - 1] + b[:, n]
+    np.testing.assert_allclose(P.iir(a, b), y, rtol=1e-12)
+    np.testing.assert_allclose(_reference(P.iir, a, b), y, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cumsum(rng, dtype):
+    x = rng.random(9).astype(dtype)
+    np.testing.assert_allclose(P.cumsum(x), np.cumsum(x), rtol=1e-5)
+
+
+def test_affine_scatter_matches_add_at(rng):
+    x = rng.random(5)
+    expected = np.ones(10)
+    np.add.at(expected, 2 * np.arange(5), x * x)
+    np.testing.assert_allclose(P.strided_scatter(x), expected)
+
+
+def test_updates_apply_in_order(rng):
+    x = rng.random(10)
+    t = np.zeros(4)
+    np.add.at(t, np.arange(10) % 4, x)
+    t[0] *= 2
+    np.testing.assert_allclose(P.two_updates(x), t + t[::-1])
+
+
+def test_non_contiguous_inputs(rng):
+    idx = rng.integers(0, 5, (40, 2))[:, 0]
+    w = rng.random((40, 2))[:, 1]
+    np.testing.assert_allclose(P.histogram(idx, w, 5), np.bincount(idx, w, 5))
+
+
+def test_two_dimensional_bins_and_per_row_histograms(rng):
+    i, j, w = rng.integers(0, 4, 80), rng.integers(0, 5, 80), rng.random(80)
+    expected = np.zeros((4, 5))
+    np.add.at(expected, (i, j), w)
+    np.testing.assert_allclose(P.hist2d(i, j, w), expected)
+    idx, w2 = rng.integers(0, 3, (4, 30)), rng.random((4, 30))
+    np.testing.assert_allclose(P.row_hist(idx, w2), np.stack([np.bincount(idx[k], w2[k], 3) for k in range(4)]))
+
+
+def test_constant_indices_zero_d_tensors_and_predicates(rng):
+    x = rng.random(40)
+    np.testing.assert_allclose(P.ends(x), [x.sum(), 0, -np.sum(x * x)])
+    np.testing.assert_allclose(P.sum_of_squares(x), np.sum(x * x))
+    expected = np.zeros(5)
+    np.add.at(expected, np.arange(40)[x > 0.5] % 5, x[x > 0.5])
+    np.testing.assert_allclose(P.masked(x), expected)
+
+
+@pytest.mark.parametrize("n", [1, 9, 200])
+def test_affine_colliding_scatter_runs_as_a_gather(rng, n):
+    x = rng.random(n)
+    expected = np.full(n // 2 + 1, 0.5)
+    np.add.at(expected, np.arange(n) // 2, x * x)
+    np.testing.assert_allclose(P.pairs(x), expected, rtol=1e-12)
