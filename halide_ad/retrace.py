@@ -66,9 +66,15 @@ class _Traced:
         self.outputs = [Tensor(state.buffer(o)) for o in outputs]
         funcs = tuple(state.funcs[start:])
         defined = {f.name for f in funcs}
+        # custom_vjp rules called within fn hold for this gradient too (halide_ad/custom.py)
+        overrides = tuple(o for o in state.overrides if set(o.region) <= defined)
+        adjoints = {ir.adjoint_name(name) for o in overrides for name in o.outputs}
         read = dict.fromkeys(n.buffer for f in funcs for n in walk(f.body) if isinstance(n, Load))
+        read |= dict.fromkeys(n.buffer for o in overrides for sc in o.scatters
+                              for e in (sc.value, sc.where, *sc.index) if e is not None
+                              for n in walk(e) if isinstance(n, Load) and n.buffer not in adjoints)
         self.program = ir.Program(fn_name, tuple(state.buffer(n) for n in read if n not in defined),
-                                  funcs, tuple(outputs))
+                                  funcs, tuple(outputs), overrides)
 
     def result(self):
         return self.rebuild(self.outputs)

@@ -126,6 +126,18 @@ def test_custom_vjp_of_a_subgraph_is_used_in_grad_and_vjp(rng):
     np.testing.assert_allclose(g, 2.0 * np.convolve(np.ones(5), w, "full") * (1 - np.tanh(x) ** 2), rtol=1e-12)
 
 
+def test_custom_vjp_holds_in_a_gradient_taken_while_tracing(rng):
+    """A gradient inside a traced function (halide_ad/retrace.py) uses the rule too, not the
+    derivative of what fwd computed: the subgraph's rule doubles the input's gradient."""
+    x, w = rng.standard_normal(7), rng.standard_normal(3)
+    traced = hd.func(lambda x, w: hd.grad(lambda y: hd.sum(smooth_sum(y, w)))(x))
+    np.testing.assert_allclose(traced(x, w), hd.grad(lambda y: hd.sum(smooth_sum(y, w)))(x), rtol=1e-12)
+    np.testing.assert_allclose(traced(x, w), 2.0 * np.convolve(np.ones(5), w, "full"), rtol=1e-12)
+    clipped = hd.func(lambda x: hd.grad(lambda y: hd.sum(clip_gradient(y * 5.0, -1.0, 1.0) ** 2))(x))
+    x = np.array([-2.0, -0.1, 0.0, 0.1, 2.0])
+    np.testing.assert_allclose(clipped(x), 5 * np.clip(10 * x, -1, 1))
+
+
 def test_jvp_through_custom_vjp_names_custom_jvp(rng):
     with pytest.raises(hd.NotDifferentiableError, match="custom_vjp function clip_gradient.*@hd.custom_jvp"):
         hd.jvp(lambda x: clip_gradient(x, -1.0, 1.0), (np.ones(3),), (np.ones(3),))
