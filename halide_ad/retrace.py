@@ -98,6 +98,12 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
     """{buffer: its adjoint Func}, added to `state`, for every buffer reverse mode reaches."""
     adjoints = reverse_mode(program, wrt)
     reached = {a.buffer for a in adjoints}
+    for f in program.funcs:
+        if isinstance(f, ir.Update) and f.name in reached:
+            raise NotDifferentiableError(
+                f"{fn_name}'s gradient, taken while tracing, reaches the update definition of {f.prev}: "
+                "gradients written back as Funcs do not go through update definitions yet. Take this "
+                "gradient at the top level (hd.grad or hd.vjp on arrays), which does.", f.loc)
     built: dict[str, Func] = {}
     argindex: dict[str, Func] = {}
     broadcasts: set[str] = set()  # adjoints that are a constant or a scalar's value at every point
