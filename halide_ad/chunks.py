@@ -241,6 +241,11 @@ def _bare_vars(e: ir.Expr) -> set[Var]:
 
 def layout(program: ir.Program, chunked: tuple[str, ...], axes: tuple[int, ...], fn_name: str) -> Layout:
     """The Layout, or a ShapeError that says why an axis cannot be chunked and which can."""
+    update = next((f for f in program.funcs if isinstance(f, ir.Update)), None)
+    if update is not None:
+        raise ShapeError(f"{fn_name} has an update definition (of {update.prev}): halide_ad.dask does not "
+                         "chunk programs with update definitions yet; call it on numpy arrays",
+                         update.loc)
     try:
         return Layout(program, chunked, axes)
     except Refusal as refusal:

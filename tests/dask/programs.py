@@ -1,5 +1,6 @@
 """Programs for the dask tests, at module level so that worker processes unpickle them by name."""
 import halide_ad as hd
+import halide_ad.ops as ops
 
 VIEWS = ("repeat_edge", "mirror", "constant_exterior", "clamp")
 
@@ -137,3 +138,9 @@ def conv_only(x, w):
     """halide_ad.ops.conv2d alone, padded: big enough images take the direct convolution kernels."""
     from halide_ad import ops
     return ops.conv2d(x, w, stride=1, padding=1)
+
+
+@hd.func
+def row_scans(x):
+    """An update definition (a running sum along each row): not chunked yet."""
+    return ops.cumsum(x, 1)

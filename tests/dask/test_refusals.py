@@ -74,3 +74,10 @@ def test_a_scalar_output_and_a_keyword_dask_array(rng):
 def test_importing_halide_ad_does_not_import_dask():
     code = "import sys, halide_ad; assert not any(m == 'dask' or m.startswith('dask.') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_program_with_an_update_definition(rng):
+    x = rng.standard_normal((8, 8))
+    with pytest.raises(hd.ShapeError, match="row_scans has an update definition .*does not chunk programs with "
+                                            "update definitions yet"):
+        hdd.function(P.row_scans)(_rows(x))
