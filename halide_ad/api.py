@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from halide_ad import capture, ir, retrace, tiered
+from halide_ad import capture, config, ir, retrace, tiered
 from halide_ad.ad import without_unused_argindex
 from halide_ad.segments import Segmented
 from halide_ad.compiler import compile_forward, compile_gradient
@@ -429,7 +429,8 @@ def _shared(traced: Traced) -> Traced:
     """The Traced of an equal program traced before (by another Function of the same code, or
     before a captured array changed shape and back), whose kernels are built; else `traced`."""
     key = (traced.program, tuple(traced.arg_names), tuple(traced.kinds), traced.captured,
-           repr(traced.structure()), traced.named, traced.checkpoints)
+           repr(traced.structure()), traced.named, traced.checkpoints,
+           config.compile_settings())  # kernels compiled under other settings are not these
     with _by_program_lock:
         found = _by_program.get(key)
         if found is None:

@@ -73,6 +73,11 @@ def dumped(stage: str) -> bool:
     return stage in os.environ.get("HALIDE_AD_DUMP", "").split(",")
 
 
+def compile_settings() -> tuple:
+    """The settings that change what a program compiles to: traces share kernels only under the same."""
+    return parallel_min_points(), skipped_passes(), jit_enabled()
+
+
 def kernel_snapshot() -> str | None:
     return os.environ.get("HALIDE_AD_KERNEL_SNAPSHOT") or None
 
