@@ -1,35 +1,40 @@
-"""The gradient's gather loop nests, scheduled while they are written (runtime/codegen.py drives).
+"""The gradient's gather loop nests, written as the decisions of runtime/schedule/ say
+(runtime/kernels.py drives).
 
-A gather loop nest runs its adjoint's Split (runtime/schedule/boundary.py): the interior box with
-its specialized gathers, the regions around it, the edge columns inside the box's row loop, the
-phases of a strided dimension, a separable window's two passes over a ring of rows, the corners
-whose gathers are constant taps as one loop over tables; loads read once per iteration are
-hoisted; an adjoint whose windows walk memory along its last dimension runs a row at a time
-(in column blocks when it is 1-D). These decisions are still made here while statements are
-written as text lines into a Writer, with their loops as For nodes (runtime/loops.py), so that
-runtime/emit.py outlines the parallel ones; a gather's pieces are lowered to nests
-(`lower.gather_piece`) and their long windows split into lanes (`split_accumulators`). They are
-to become Loops -> Loops passes under runtime/schedule/ one at a time (issue 27).
+A gather loop nest runs its adjoint's Split (schedule/boundary.py): the interior box with its
+specialized gathers, the regions around it, the edge columns inside the box's row loop, the
+phases of a strided dimension, a separable window's two passes over a ring of rows
+(schedule/separable.py), the corners whose gathers are constant taps as one loop over tables
+(schedule/corners.py); loads read once per iteration are hoisted (schedule/hoist.py); an adjoint
+whose windows walk memory along its last dimension runs a row at a time, in column blocks when
+it is 1-D (schedule/rows.py). The statements are still written as text lines into a Writer, with
+their loops as For nodes (runtime/loops.py), so that runtime/emit.py outlines the parallel ones;
+a gather's pieces are lowered to nests (`lower.gather_piece`) and their long windows split into
+lanes (`split_accumulators`). What is left to make Loops -> Loops passes (issue 27): the
+weighted sums, row gathers and staged pairs print flat text (`(h1 + h2) * f32_2`), which needs
+node types that print verbatim before the nests can be built as data with the same bytes.
 """
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import replace
 
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, dtype_of
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var
 from halide_ad.show import show
 from halide_ad.affine import Affine
-from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import Bound, Kind, Local, block
 from halide_ad.runtime.lower import accumulator_dtype
-from halide_ad.runtime.schedule.accumulate import split_accumulators, unit_stride
+from halide_ad.runtime.schedule import rows
+from halide_ad.runtime.schedule.accumulate import split_accumulators
+from halide_ad.runtime.schedule.boundary import cut_dims
+from halide_ad.runtime.schedule.corners import tabled_points
+from halide_ad.runtime.schedule.hoist import hoist_loads
 from halide_ad.runtime.schedule.parallel import parallel_dim, parallel_min_points
+from halide_ad.runtime.schedule.separable import ring_rows, separable_window
 from halide_ad.runtime.writer import Writer
-from halide_ad.traverse import free_vars, walk
 
 
 def open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> None:
@@ -46,13 +51,6 @@ def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str |
         open_loop(w, em.name(v), 0, shape[d], d == par)
         if row is not None and d == par:
             w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
-
-
-def cut_dims(vars_, shape, split) -> list[int]:
-    """The dimensions that the split's box or phases cut."""
-    if split is None:
-        return []
-    return [d for d, v in enumerate(vars_) if v in split.box and (split.box[v] != (0, shape[d] - 1) or v in split.phased)]
 
 
 def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
@@ -75,9 +73,8 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
     _full_loops(w, em, vars_, shape, range(opened, first), par, lambda: None)
     level = w.depth
-    i, j = len(vars_) - 2, len(vars_) - 1
-    separable = split.separable is not None and first <= i and par not in (i, j) and \
-        _ring_rows(split) * shape[j] <= MAX_SEPARABLE_TEMP
+    i = len(vars_) - 2  # a separable window runs the last two dimensions
+    separable = separable_window(split, shape, first, par)
     # regions beside the box in its last dimension only (a plane's edge columns) run inside the
     # box's loop over the dimension before it, while that row is in cache
     def is_column(region) -> bool:
@@ -171,7 +168,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
-    points = _tabled_points(around, vars_[first:], em)
+    points = tabled_points(around, vars_[first:], em.staged)
     tabled = {id(region) for region, _ in points}
     regions([r for r in around if id(r[0]) not in tabled], False)
     if points:
@@ -196,16 +193,6 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     w.depth = depth
 
 
-MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's ring of rows: its rows stay in cache
-
-
-def _ring_rows(split) -> int:
-    """The rows of a separable window's temporary: a ring of a power of two, at least the source
-    rows one output row reads, so that a row's slot is `row & (ring - 1)`."""
-    offsets = [r for r, _ in split.separable.rows]
-    return 1 << (max(offsets) - min(offsets)).bit_length()
-
-
 def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     """The box's last two dimensions (i, j) as two passes of the Separable window: each source
     row it reads, filtered along j into a ring of rows, then, per output row, the ring's rows
@@ -218,7 +205,7 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     first_row = min(r for r, _ in sep.rows)
     span = max(r for r, _ in sep.rows) - first_row + 1
     fresh = min(sep.row_stride, span)  # the rows an output row reads that the one before did not
-    mask = _ring_rows(split) - 1
+    mask = ring_rows(split) - 1
     tmp, k = w.temp("window"), Var("row")
 
     def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
@@ -258,37 +245,17 @@ def _box_ranges(vars_, shape, split) -> dict[Var, tuple[int, int]]:
 
 
 def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
-    """Read once, at the top of the iteration, every load of the phases that depends only on the
-    loop variables and is in range for all of them (so reading it even where a guard fails is
-    safe). Without this, a store between two phases makes LLVM read again and not vectorize.
-    An index that two of them share is computed once, before them: numba's compile time grows
-    with every operation, and an edge of a bilinear gradient reads 12 loads at 4 columns."""
+    """The loads that `hoist_loads` reads once per iteration, and the indices they share, as
+    lines at the top of the iteration, which the gathers' expressions then print by name."""
     em.hoisted.clear()
-    chosen: dict[Load, None] = {}
-    for g in gathers:
-        for piece in g.pieces:
-            inner = {r.var for r in piece.loops}
-            for e in [piece.value, *(c for level in piece.guards for c in level)]:
-                for n in walk(e):
-                    if (isinstance(n, Load) and n not in chosen and n.buffer != written and n.index
-                            and not any(isinstance(m, Var) and m in inner for i in n.index for m in walk(i))
-                            and all(_within(i, em.shapes[n.buffer][d], ranges) for d, i in enumerate(n.index))):
-                        chosen[n] = None
-    shared = collections.Counter(i for n in chosen for i in dict.fromkeys(n.index) if isinstance(i, Bin))
-    for i in (i for i, count in shared.items() if count > 1):
+    shared, loads = hoist_loads(gathers, ranges, em.shapes, written)
+    for i in shared:
         name = f"ix{len(em.hoisted)}"
         w.line(f"{name} = {em.expr(i)}")
         em.hoisted[i] = name
-    for k, n in enumerate(chosen):
+    for k, n in enumerate(loads):
         w.line(f"h{k} = {em.index(n.buffer, n.index, n.buffer)}")
         em.hoisted[n] = f"h{k}"
-
-
-def _within(e: Expr, n: int, ranges) -> bool:
-    if checked_at_run_time(e):
-        return False
-    span = interval(e, ranges)
-    return span is not None and 0 <= span[0] and span[1] < n
 
 
 def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
@@ -296,51 +263,6 @@ def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
     for d in dims:
         open_loop(w, em.name(vars_[d]), 0, shape[d], d == par)
     inner()
-
-
-def _tabled_points(regions, dims, em: Emitter) -> list:
-    """(region, its taps) for the regions among `regions` that are single points in `dims` and
-    whose gathers are only constant times loads of one buffer at one leading index, the rest
-    constants (the corners of a bilinear gradient's planes: 9 taps each). Two or more such run
-    as one loop over tables of their taps: a specialized copy of the body per corner cost numba
-    as much to compile as an edge's loop. Empty unless there are two."""
-    points = []
-    for region, gs in regions:
-        if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:
-            continue
-        taps = _constant_taps(gs)
-        if taps is not None:
-            points.append((region, taps))
-    heads = {(t[0].buffer, t[0].index[:t[1]], t[0].dtype, t[1]) for _, taps in points for t in taps[:1]}
-    if len(points) < 2 or len(heads) != 1 or next(iter(heads))[0] in em.staged:
-        return []
-    return points
-
-
-def _constant_taps(gs) -> list[tuple[Load, int, float]] | None:
-    """(load, where its constant indices start, weight) for each load the gathers read, or None
-    unless every piece is unguarded, loop-free, a constant times one load, and every load's index
-    is the same leading expressions (no run-time check among them), then constants."""
-    taps = []
-    for g in gs:
-        for p in g.pieces:
-            f = None if p.loops or any(p.guards) else factors(p.value)
-            if f is None or len(f[0]) != 1:
-                return None
-            (load,), scale = f
-            lead = len(load.index)
-            while lead and isinstance(load.index[lead - 1], Const):
-                lead -= 1
-            if (lead == len(load.index) or load.dtype != dtype_of(p.value)
-                    or any(checked_at_run_time(e) for e in load.index[:lead])):
-                return None
-            taps.append((load, lead, scale))
-    if not taps or len({(t[0].buffer, t[0].index[:t[1]], t[1]) for t in taps}) != 1:
-        return None
-    weights: dict[Load, float] = {}  # a load read by several gathers is one tap
-    for load, _, scale in taps:
-        weights[load] = weights.get(load, 0.0) + scale
-    return [(load, taps[0][1], scale) for load, scale in weights.items()]
 
 
 def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
@@ -419,25 +341,6 @@ def wide_gathers(gs, adj) -> bool:
     return accumulator_dtype("sum", adj.dtype, gather_terms(gs, adj.shape)) != adj.dtype
 
 
-def gathers_by_rows(vars_, shape, gathers) -> bool:
-    """Whether an adjoint's windows run with its last variable's loop innermost
-    (`emit_row_gathers`): the windows' reads walk memory with that variable, none with a window
-    variable, no guard and no window bound depends on it. A layer norm's gain gradient,
-    `adj_g[j] += adj_y[i, j] * xhat[i, j]` over i, walked every column across 4096 rows."""
-    if not vars_ or shape[-1] < 2:
-        return False
-    last, pieces = vars_[-1], [p for g in gathers for p in g.pieces]
-    windows = [p for p in pieces if p.loops]
-    if not windows or any(c for p in pieces for level in p.guards for c in level):
-        return False
-    if any(isinstance(b, Expr) and last in free_vars(b) for p in windows for loop in p.loops
-           for b in (loop.lo, loop.hi)):
-        return False
-    return any(unit_stride(p.value, last) for p in windows) and not any(
-        n.index and free_vars(n.index[-1]) & {loop.var for loop in p.loops}
-        for p in windows for n in walk(p.value) if isinstance(n, Load))
-
-
 def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     """An adjoint's rows, one at a time: the cotangent and the terms without a window, then each
     window's loops with the row's loop inside them, so that every read walks memory in order.
@@ -451,7 +354,7 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     row = None if dtype == adj.dtype else w.temp("row")
     terms = gather_terms(gathers, shape) * n
     columns = f"0, {n}"
-    blocks = _column_blocks(shape, terms)
+    blocks = rows.column_blocks(shape, terms)
     if blocks is None:
         acc = store if row is None else f"{row}[{k}]"
         _open_rows(w, em, vars_, shape, parallel_dim(shape[:-1], terms), row, dtype)
@@ -483,20 +386,6 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
         with w.block(f"for {k} in range({columns}):"):
             w.line(f"{store} = {acc}")
     w.depth = outer
-
-
-COLUMN_BLOCK = 128  # the fewest columns a thread takes of a 1-D adjoint run a row at a time
-COLUMN_BLOCKS = 16  # the most blocks it splits into (parallel_for hands them to the threads)
-
-
-def _column_blocks(shape: tuple[int, ...], terms: float) -> int | None:
-    """How many blocks of columns a 1-D adjoint run a row at a time splits into, to run in
-    parallel; None for serial (short, or not 1-D: those run in parallel over their rows). Each
-    column adds its terms in the same order either way, so the bits do not change. A layer
-    norm's gain gradient (4096 rows of 1024) ran on one thread."""
-    if len(shape) != 1 or shape[0] < 2 * COLUMN_BLOCK or terms < parallel_min_points():
-        return None
-    return min(shape[0] // COLUMN_BLOCK, COLUMN_BLOCKS)
 
 
 def _describe(w: Writer, c) -> None:

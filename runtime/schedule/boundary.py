@@ -473,3 +473,10 @@ def _drop_single_loops(p: GatherPiece, box: Box) -> GatherPiece | None:
 
 
 __all__ = ["interior"]
+
+
+def cut_dims(vars_, shape, split: Split | None) -> list[int]:
+    """The dimensions that the split's box or phases cut."""
+    if split is None:
+        return []
+    return [d for d, v in enumerate(vars_) if v in split.box and (split.box[v] != (0, shape[d] - 1) or v in split.phased)]
