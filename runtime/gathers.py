@@ -1,7 +1,8 @@
 """The gradient's gather loop nests, written as the decisions of runtime/schedule/ say
 (runtime/kernels.py drives).
 
-A gather loop nest runs its adjoint's Split (schedule/boundary.py): the interior box with its
+A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
+pass picks (`Writer.rewrite`). One with a Split (schedule/boundary.py) runs the interior box with its
 specialized gathers, the regions around it, the edge columns inside the box's row loop, the
 phases of a strided dimension, a separable window's two passes over a ring of rows
 (schedule/separable.py), the corners whose gathers are constant taps as one loop over tables
@@ -25,14 +26,14 @@ from halide_ad.affine import Affine
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import Bound, Kind, Local, block
+from halide_ad.runtime.loops import Block, Bound, Kind, Local, Stmt, block
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
 from halide_ad.runtime.schedule.hoist import hoist_loads
-from halide_ad.runtime.schedule.parallel import parallel_dim, parallel_min_points
+from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
 from halide_ad.runtime.writer import Writer
 
@@ -67,8 +68,12 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
     depth = w.depth
     if not dims and (split is None or split.separable is None):
-        _full_loops(w, em, vars_, shape, range(opened, len(vars_)), par, lambda: body(gathers))
+        # one perfect nest: choose_parallel picks its loop (inside loops already open, none is)
+        start = len(w.ops)
+        _full_loops(w, em, vars_, shape, range(opened, len(vars_)), None, lambda: body(gathers))
         w.depth = depth
+        if not opened:
+            w.rewrite(start, lambda nest: schedule.run(choose_parallel, _single(nest), terms))
         return
     first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
     _full_loops(w, em, vars_, shape, range(opened, first), par, lambda: None)
@@ -256,6 +261,11 @@ def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
     for k, n in enumerate(loads):
         w.line(f"h{k} = {em.index(n.buffer, n.index, n.buffer)}")
         em.hoisted[n] = f"h{k}"
+
+
+def _single(nest: Block) -> Stmt:
+    """The one statement of `nest`, or `nest`: passes see a perfect nest's outermost loop."""
+    return nest.body[0] if len(nest.body) == 1 else nest
 
 
 def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:

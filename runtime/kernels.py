@@ -10,7 +10,7 @@ Every forward nest but the phased ones (pointwise, sums and products, max and mi
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
 passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`). The
 phased forward nests, the gather loop nests (runtime/gathers.py) and the staging here follow the
-decisions of runtime/schedule/ (`interior`, `separable_window`, `tabled_points`, `hoist_loads`,
+decisions of runtime/schedule/ (`interior`, `pointwise_phases`, `separable_window`, `tabled_points`, `hoist_loads`,
 `gathers_by_rows`, `column_blocks`, `stage_depth`) while they write their statements as text
 lines into a Writer, with the loops around them as For nodes, so that emit.py outlines every
 parallel loop from the nest.
@@ -18,9 +18,9 @@ parallel loop from the nest.
 from __future__ import annotations
 
 from halide_ad import config
-from halide_ad.ir import Bin, Const, Func, Load, Op, Program, Reduce, adjoint_name, argindex_name
+from halide_ad.ir import Func, Load, Program, Reduce, adjoint_name, argindex_name
 from halide_ad.show import show_func
-from halide_ad.solver import Gather, GatherPiece
+from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.gathers import (emit_gather, emit_row_gathers, emit_scatter, gather_terms, open_loop,
@@ -28,10 +28,11 @@ from halide_ad.runtime.gathers import (emit_gather, emit_row_gathers, emit_scatt
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
+from halide_ad.runtime.schedule.phases import as_gather, pointwise_phases
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import stage_depth
 from halide_ad.runtime.writer import Writer
-from halide_ad.traverse import flat_index, free_vars, walk
+from halide_ad.traverse import flat_index
 
 
 def settings() -> tuple:
@@ -55,7 +56,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     for f in funcs:
         w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
         depth = w.depth
-        if (split := _pointwise_phases(f)) is not None:
+        if (split := pointwise_phases(f)) is not None:
             _emit_phased(w, em, f, split)
         elif not isinstance(f.body, Reduce):
             w.add(emit.resolve(schedule.run(choose_parallel, lower.pointwise(f)), em))
@@ -74,38 +75,13 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     return _function(em, entry), list(em.used), em.checks
 
 
-def _pointwise_phases(f: Func) -> Split | None:
-    """How to run a pointwise definition that reads through quotients or parities of its
-    innermost variables (`x[i // 2]`, a 2x upsampling; a bilinear weight's `i % 2 == 0`): split
-    as the gradient's gathers are (runtime/schedule/boundary.py), those dimensions in phases j = s*q + p,
-    in each of which every quotient is q + a constant and every parity test is decided, so that
-    the loads are unit-stride and the loop vectorizes. None where there are no phases to run."""
-    if isinstance(f.body, Reduce) or not f.vars or not any(
-            isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
-            and f.vars[-1] in free_vars(n.lhs) for n in walk(f.body)):
-        return None  # phases start from the innermost dimension: without its quotient, no schedule to ask
-    split = interior(f.vars, f.shape, [_as_gather(f)])
-    if split is None or not split.phased:
-        return None
-    gathers = [g for gs in split.phases.values() for g in gs] + [g for _, gs in split.outside for g in gs]
-    if any(len(g.pieces) != 1 or g.pieces[0].loops or any(g.pieces[0].guards) for g in gathers):
-        return None
-    return split
-
-
-def _as_gather(f: Func) -> Gather:
-    """A pointwise definition as a gather of one term, which the schedule splits as it does
-    the gradient's."""
-    return Gather(None, f.vars, (GatherPiece((), ((),), f.body, ()),))
-
-
 def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
     def body(gs, at=None, terms=(), terms_dtype=None):
         index = tuple((at or {}).get(v, v) for v in f.vars)
         values = [em.expr(p.value) for g in gs for p in g.pieces] + weighted_sums(em, list(terms), f.dtype)
         w.line(f"{em.index(f.name, index, f.name)} = {' + '.join(values)}")
 
-    split_loop_nest(w, em, f.vars, f.shape, split, body, [_as_gather(f)], f.name)
+    split_loop_nest(w, em, f.vars, f.shape, split, body, [as_gather(f)], f.name)
 
 
 def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset(),

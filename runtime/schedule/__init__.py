@@ -3,7 +3,8 @@ and the schedule decisions that the gather loop nests (runtime/gathers.py) still
 print text.
 
 Passes, in the order the forward reductions run them (runtime/kernels.py):
-* `parallel.py`, `choose_parallel`: which loop of a nest runs in parallel (`parallel_dim`).
+* `parallel.py`, `choose_parallel`: which loop of a nest runs in parallel (`parallel_dim`); also
+  on a gradient's gather nest that has no box, phases or separable window.
 * `rows.py`, `interchange_rows`: a reduction whose reads walk the output's last dimension runs a
   row at a time, that loop inside the reduction's.
 * `accumulate.py`, `split_accumulators`: a long reduction or gather window over a contiguous
@@ -12,6 +13,7 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the
   phases of a strided dimension, and its separable window (`Split`); `cut_dims`.
+* `phases.py`, `pointwise_phases`: a pointwise forward definition run in phases like a gather.
 * `separable.py`, `separable_window`: whether the separable window runs as two passes.
 * `corners.py`, `tabled_points`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `hoist_loads`: the loads an iteration reads once, at its top.

@@ -1,16 +1,22 @@
 """The schedule decisions that the gather loop nests follow (runtime/schedule/), on IR data: which
 loads an iteration hoists, which corners run from tables, when an adjoint runs a row at a time or
-in column blocks, when a separable window runs as two passes, how a long sum splits into parts."""
+in column blocks, when a separable window runs as two passes, how a long sum splits into parts,
+when a pointwise definition runs in phases; and choose_parallel on a nest the gathers wrote."""
 from __future__ import annotations
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Var
+from halide_ad.runtime.loops import Kind, Source, loops
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
 from halide_ad.runtime.schedule.hoist import hoist_loads
+from halide_ad.runtime.schedule.parallel import choose_parallel
+from halide_ad.runtime.schedule.phases import pointwise_phases
 from halide_ad.runtime.schedule.rfactor import MAX_PARTS, split_reduction
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows
 from halide_ad.runtime.schedule.separable import MAX_SEPARABLE_TEMP, ring_rows, separable_window
+from halide_ad.runtime.writer import Writer
 from halide_ad.solver import Gather, GatherPiece
+from halide_ad.traverse import walk
 
 i, j, n, r = Var("i"), Var("j"), Var("n"), Var("r")
 
@@ -122,3 +128,33 @@ def test_split_reduction_sums_a_long_loss_in_parts(monkeypatch):
     assert split_reduction(prime, set()) is None  # no chunking divides 4099
     short = Func("loss", (), (), Reduce("sum", _x(r), (Range(r, 0, 512),)), "float32")
     assert split_reduction(short, set()) is None  # below the parallel threshold
+
+
+def test_an_upsampling_runs_in_phases_and_a_plain_pointwise_definition_does_not():
+    half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
+    up = Func("up", (i, j), (4, 16), Load("x", (i, half), "float32"), "float32")
+    split = pointwise_phases(up)
+    assert split is not None and split.phased == (j,) and split.strides == (2,)
+    # j = 2q + p: in both phases j // 2 is q, a unit-stride read
+    assert sorted(split.phases) == [(0,), (1,)]
+    for gathers in split.phases.values():
+        (load,) = [n for n in walk(gathers[0].pieces[0].value) if isinstance(n, Load)]
+        assert load.index == (i, split.phase_vars[0])
+    assert pointwise_phases(Func("same", (i, j), (4, 16), _x(i, j), "float32")) is None
+
+
+def test_a_nest_written_as_lines_gets_its_parallel_loop_from_choose_parallel(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
+    w = Writer()
+    w.line("# before")
+    start = len(w.ops)
+    w.loop("n", 0, 1)
+    w.loop("c", 0, 8)
+    w.loop("i", 0, 16)
+    w.line("acc = x[n, c, i]")
+    w.line("out[n, c, i] = acc")
+    w.depth = 0
+    w.rewrite(start, lambda nest: choose_parallel(nest.body[0]))
+    tree = w.tree()
+    assert [loop.kind for loop in loops(tree)] == [Kind.SERIAL, Kind.PARALLEL, Kind.SERIAL]  # c: the first longer than 1
+    assert isinstance(tree.body[0], Source) and tree.body[0].text == "# before"
