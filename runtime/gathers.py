@@ -30,10 +30,10 @@ from halide_ad.runtime.loops import Block, Bound, Kind, Local, Stmt, block
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
-from halide_ad.runtime.schedule.boundary import cut_dims
+from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
 from halide_ad.runtime.schedule.hoist import hoist_loads
-from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
+from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
 from halide_ad.runtime.writer import Writer
 
@@ -95,7 +95,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
         start, depth_ = (last if in_box_loop else first), w.depth
         for region, gs in chosen:
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-            parallel = not in_box_loop and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= parallel_min_points()
+            parallel = not in_box_loop and region_parallel(ranges)
             for d in range(start, len(vars_)):
                 lo, hi = ranges[vars_[d]]
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
@@ -150,7 +150,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
         open_loop(w, em.name(q), lo // stride, (hi + 1) // stride, d == par)
         if k == len(split.phased) - 1:  # the phases of one iteration share their loads
             _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
-                         _box_ranges(vars_, shape, split), written)
+                         box_ranges(vars_, shape, split), written)
         for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
             w.line(f"# phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}")
             box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
@@ -238,15 +238,6 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     body([], terms=[(f"{tmp}[{ring_row[r]} & {mask}, {column}]", weight) for r, weight in sep.rows],
          terms_dtype=dtype)
     w.depth -= 2
-
-
-def _box_ranges(vars_, shape, split) -> dict[Var, tuple[int, int]]:
-    """Inclusive ranges of the gather variables and the phase variables inside the box."""
-    ranges = {v: split.box.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-    for j, stride, q in zip(split.phased, split.strides, split.phase_vars, strict=True):
-        lo, hi = split.box[j]
-        ranges[q] = (lo // stride, (hi + 1) // stride - 1)
-    return ranges
 
 
 def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:

@@ -9,7 +9,8 @@ from halide_ad.runtime.loops import Kind, Source, loops
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
 from halide_ad.runtime.schedule.hoist import hoist_loads
-from halide_ad.runtime.schedule.parallel import choose_parallel
+from halide_ad.runtime.schedule.boundary import box_ranges
+from halide_ad.runtime.schedule.parallel import choose_parallel, region_parallel
 from halide_ad.runtime.schedule.phases import pointwise_phases
 from halide_ad.runtime.schedule.rfactor import MAX_PARTS, split_reduction
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows
@@ -158,3 +159,12 @@ def test_a_nest_written_as_lines_gets_its_parallel_loop_from_choose_parallel(mon
     tree = w.tree()
     assert [loop.kind for loop in loops(tree)] == [Kind.SERIAL, Kind.PARALLEL, Kind.SERIAL]  # c: the first longer than 1
     assert isinstance(tree.body[0], Source) and tree.body[0].text == "# before"
+
+
+def test_thin_regions_run_serially_and_the_box_ranges_name_the_phase_variables(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
+    assert region_parallel({n: (0, 7), i: (0, 0), j: (1, 8)})  # 8 images' edge rows: 64 points
+    assert not region_parallel({n: (0, 0), i: (0, 0), j: (1, 8)})  # one image's: 8
+    q = Var("q")
+    split = Split(box={i: (1, 14), j: (2, 13)}, inside=[], phased=(j,), strides=(2,), phase_vars=(q,))
+    assert box_ranges((n, i, j), (4, 16, 16), split) == {n: (0, 3), i: (1, 14), j: (2, 13), q: (1, 6)}
