@@ -354,7 +354,7 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     store = em.index(name, vars_, name)
     row = None if dtype == adj.dtype else w.temp("row")
     terms = gather_terms(gathers, shape) * n
-    columns = f"0, {n}"
+    col_lo, col_hi = 0, n  # the columns the row's loops run
     blocks = rows.column_blocks(shape, terms)
     if blocks is None:
         acc = store if row is None else f"{row}[{k}]"
@@ -363,14 +363,21 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
         block, lo = -(-n // blocks), w.temp("col")
         open_loop(w, f"{lo}_block", 0, blocks, True)
         w.line(f"{lo} = {lo}_block * {block}")
-        columns = f"{lo}, min({lo} + {block}, {n})"
+        col_lo, col_hi = lo, f"min({lo} + {block}, {n})"
         if row is not None:
             w.line(f"{row} = np.empty({block}, np.{dtype})")
         acc = store if row is None else f"{row}[{k} - {lo}]"
+
+    def along_row(line) -> None:
+        """The line `line()` writes, in a loop over the row's columns (printed inside it: an
+        inline reduction's loops go there too)."""
+        open_loop(w, k, col_lo, col_hi, False)
+        w.line(line())
+        w.depth -= 1
+
     first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
     first += [em.expr(p.value) for p in pieces if not p.loops]
-    with w.block(f"for {k} in range({columns}):"):
-        w.line(f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
+    along_row(lambda: f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
     for g in gathers:
         _describe(w, g)
         for p in g.pieces:
@@ -378,14 +385,11 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
                 continue
             depth = w.depth
             for loop in p.loops:
-                w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
-                w.depth += 1
-            with w.block(f"for {k} in range({columns}):"):
-                w.line(f"{acc} = {acc} + {em.expr(p.value)}")
+                open_loop(w, em.name(loop.var), em.expr(loop.lo), em.expr(loop.hi), False)
+            along_row(lambda: f"{acc} = {acc} + {em.expr(p.value)}")
             w.depth = depth
     if row is not None:
-        with w.block(f"for {k} in range({columns}):"):
-            w.line(f"{store} = {acc}")
+        along_row(lambda: f"{store} = {acc}")
     w.depth = outer
 
 
