@@ -5,11 +5,11 @@ im2col's copy), and the other taps loop around BLAS calls on views of that copy,
 shift the output (an input gradient), become rows of one product whose slices are summed
 shifted; an output written at an offset gets one window per tap added (col2im). Written at a
 stride (`adj_x[n, c, 2*i + r]`), the router instead asks for the product of every tap, which a
-generated gather adds up (`contract.tap_product_vars`). `_matmul` lays each product out as BLAS
-calls on views, batched over the image index, so that neither the operands nor the products are
-copied again. All of that depends on the shapes and dtypes alone: a plan works it out once, on
-stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and products, and each
-call runs it (the Python that derives it cost ~1 ms of a convolution's gradient). A contraction
+generated gather adds up (`contract.tap_product_vars`). `matmuls.einsum_matmul` lays each product
+out as BLAS calls on views, batched over the image index, so that neither the operands nor the
+products are copied again. All of that depends on the shapes and dtypes alone: a plan works it
+out once, on stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and
+products, and each call runs it (the Python that derives it cost ~1 ms of a convolution's gradient). A contraction
 of one operand (a bias's gradient) is numpy's sum.
 """
 from __future__ import annotations
@@ -24,10 +24,8 @@ import numpy as np
 from halide_ad.ir import Range, Var
 from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.contract import Contraction, offset_vars, plain, terms, used
-from halide_ad.runtime.parallel import by_rows, copy_all, each_image, matmul
-
-SMALL_PRODUCT = 1 << 16  # products this small are cheap to write in any order (a weight gradient)
-
+from halide_ad.runtime.engines import matmuls
+from halide_ad.runtime.parallel import by_rows, copy_all, each_image
 
 def plan(c: Contraction) -> BlasPlan:
     return BlasPlan(c)
@@ -47,8 +45,8 @@ class BlasPlan:
     def accumulate(self, buffers: dict[str, np.ndarray], *, assign: bool = False) -> None:
         """out += the contraction, or with `assign`, out = it (zero where it does not write).
 
-        BLAS products over all taps (`_matmul`). Taps that shift the output window (as in a
-        convolution's input gradient) move onto the operand that carries the window
+        BLAS products over all taps (`matmuls.einsum_matmul`). Taps that shift the output window (as
+        in a convolution's input gradient) move onto the operand that carries the window
         (`_correlation`); where they cannot, their products are added window by window. Which
         views, copies and products that takes depends on the shapes and dtypes alone: it is
         worked out once (`_plan`), and each call only runs it.
@@ -273,8 +271,8 @@ class BlasPlan:
         """The operand's view as a function of the row taps' values. Other taps it reads at an
         offset (x[n, c, i + r]) become axes of a stacked copy (im2col) right after its first axis
         (x_stacked[n, r, c, i]), so that they go into BLAS calls batched over that axis (see
-        `_matmul`); the copy spans the row taps' whole windows, and each of their values is a
-        view of it."""
+        `matmuls.einsum_matmul`); the copy spans the row taps' whole windows, and each of their
+        values is a view of it."""
         offset = {t.var for t in self.taps if any(t.var in offset_vars(terms(e)) for e in index)}
         stacked = [t for t in self.taps if t.var in offset and t not in rows]
         shifted = [t for t in rows if t.var in offset]
@@ -406,7 +404,7 @@ class _Plan:
                 for k, ((va, sa), (vb, sb)) in enumerate(products):
                     writes = overwrite and k == 0  # the first product writes the window, the rest add
                     direct = writes and scale == 1 and shifts == [...]
-                    product = _matmul(va(sources), sa, vb(sources), sb, so, out[key] if direct else None)
+                    product = matmuls.einsum_matmul(va(sources), sa, vb(sources), sb, so, out[key] if direct else None)
                     if product is None:  # BLAS wrote the window
                         continue
                     _add(out[key], [product[at] for at in shifts], scale, writes)
@@ -414,7 +412,7 @@ class _Plan:
         if assign:
             out.fill(0)
         va, sa, vb, sb, subs, windows = self.sums
-        full = _matmul(va(sources), sa, vb(sources), sb, subs)
+        full = matmuls.einsum_matmul(va(sources), sa, vb(sources), sb, subs)
         for key, at in windows:
             _add(out[key], [full[at]], scale, False)
 
@@ -473,8 +471,8 @@ class _Shifted:
 def _stacked(windows: list[_Lazy | _Shifted], subs: str, tap_subs: str, extents: list[int],
              plan: _Plan) -> tuple[_Lazy, str]:
     """The windows copied into one temporary, their taps as axes right after the first axis
-    (im2col), so that all taps go into BLAS calls batched over that axis (see `_matmul`), and
-    its subscripts."""
+    (im2col), so that all taps go into BLAS calls batched over that axis (see
+    `matmuls.einsum_matmul`), and its subscripts."""
     shape = windows[0].shape
     at = min(1, len(shape))
     data = plan.temporary(shape[:at] + (len(windows),) + shape[at:], windows[0].dtype)
@@ -514,125 +512,6 @@ def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: boo
         np.copyto(window, product)
     else:
         window += product
-
-
-def _matmul(va, sa: str, vb, sb: str, out: str, into: np.ndarray | None = None) -> np.ndarray | None:
-    """einsum(f"{sa},{sb}->{out}", va, vb) as BLAS matrix products (see `_matmul_plan`); a
-    convolution calls it with the same layouts every step, so the plan is worked out once.
-    With `into`, an array of the product's shape and dtype, BLAS writes the product there
-    where that array is contiguous in the product's layout, and None is returned."""
-    plan = _matmul_plan(sa, va.shape, va.strides, sb, vb.shape, vb.strides, out)
-    if plan is None:
-        return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
-    if plan.swap:
-        va, vb = vb, va
-    a, b = plan.a(va), plan.b(vb)
-    shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2])
-    if (into is not None and plan.images == "batched" and plan.perm == tuple(range(len(plan.perm)))
-            and into.shape == plan.shape and into.flags.c_contiguous and into.dtype == va.dtype):
-        matmul(a, b, into.reshape(shape))
-        return None
-    product = pool.empty(shape, va.dtype)
-    matmul(a, b, product)
-    if plan.images == "summed":
-        product = product.sum(axis=0)
-    return product.reshape(plan.shape).transpose(plan.perm)
-
-
-@dataclass(frozen=True)
-class _Operand:
-    """An operand's axes put in `perm` order and merged into (batch, rows, columns): a view
-    of it, or with `copy`, of a contiguous copy."""
-    perm: tuple[int, ...]
-    shape: tuple[int, int, int]
-    copy: bool
-
-    def __call__(self, v: np.ndarray) -> np.ndarray:
-        v = v.transpose(self.perm)
-        return (np.ascontiguousarray(v) if self.copy else v).reshape(self.shape)
-
-
-@dataclass(frozen=True)
-class _MatmulPlan:
-    swap: bool
-    a: _Operand
-    b: _Operand
-    images: str  # "batched": an axis of the output; "summed": one product per image, then summed
-    shape: tuple[int, ...]  # the product's letters, unmerged
-    perm: tuple[int, ...]  # from those letters to the output's
-
-
-@functools.lru_cache(maxsize=1024)
-def _matmul_plan(sa: str, shape_a, strides_a, sb: str, shape_b, strides_b, out: str) -> _MatmulPlan | None:
-    """How to compute einsum(f"{sa},{sb}->{out}") on operands of these shapes and strides as
-    BLAS matrix products, without copying the larger operand where its strides allow: each
-    operand's axes are grouped in memory order into (free, summed) matrices, batched over the
-    larger operand's outermost axis when grouping needs it (a convolution's image index), and
-    the operand holding the output's last letter goes right, so that the product's innermost
-    axis is the output's; a small product (a weight gradient) puts the operand with more free
-    points left, where BLAS runs faster (32x96 rows and columns, summing 3844: 73-89 against
-    100 GFLOP/s). A small operand is copied where that saves batching. None where einsum must
-    do it: letters in both operands and the output, or repeated."""
-    summed = [c for c in sa if c in sb and c not in out]
-    free_a, free_b = [c for c in sa if c not in sb], [c for c in sb if c not in sa]
-    if sorted(free_a + free_b) != sorted(out) or len(set(sa + sb)) != len(free_a + free_b + summed):
-        return None
-    a, b = (sa, shape_a, strides_a), (sb, shape_b, strides_b)
-    size = dict(zip(sa, shape_a)) | dict(zip(sb, shape_b))
-    rows, cols = (math.prod(size[c] for c in free) for free in (free_a, free_b))
-    swap = rows < cols if rows * cols <= SMALL_PRODUCT else bool(out) and out[-1] in sa
-    if swap:
-        a, b, free_a, free_b = b, a, free_b, free_a
-    big, small = (a, b) if math.prod(a[1]) >= math.prod(b[1]) else (b, a)
-
-    def memory_order(operand, letters) -> list[str]:
-        subs, _, strides = operand
-        return sorted(letters, key=lambda c: -abs(strides[subs.index(c)]))
-
-    summed = memory_order(big, summed)
-    free_a, free_b = memory_order(a, free_a), memory_order(b, free_b)
-    outer = memory_order(big, big[0])[0] if big[0] else None
-
-    def operand(o, groups, copy: str) -> _Operand | None:
-        """`o` as (batch, rows, columns) from its letters in `groups`; `copy`: "never", "if
-        needed" (where the groups' axes do not merge) or "always"."""
-        subs, shape, strides = o
-        groups = [[c for c in groups[0] if c in subs], *groups[1:]]
-        order = [c for group in groups for c in group]
-        copied = copy == "always" or not _mergeable(subs, shape, strides, groups)
-        if copied and copy == "never":
-            return None
-        return _Operand(tuple(subs.index(c) for c in order),
-                        tuple(math.prod(size[c] for c in group) for group in groups), copied)
-
-    def layout(batch, copy_small, copy_big="never"):
-        fa, fb, s = ([c for c in x if c not in batch] for x in (free_a, free_b, summed))
-        oa = operand(a, [batch, fa, s], copy_small if a is small else copy_big)
-        ob = operand(b, [batch, s, fb], copy_small if b is small else copy_big)
-        return None if oa is None or ob is None else (oa, ob, batch, fa, fb)
-
-    # views beat a copy, except that a small operand is cheaper to copy than the product to batch
-    tries = [([], "never"), ([], "if needed")] if math.prod(small[1]) <= SMALL_PRODUCT else [([], "never")]
-    if outer is not None and size[outer] > 1:
-        tries += [([outer], "never"), ([outer], "if needed")]
-    found = next(filter(None, (layout(batch, copy) for batch, copy in tries)), None)
-    # else the larger operand is copied as well
-    oa, ob, batch, free_a, free_b = found or layout([], "if needed", "if needed")
-    letters = free_a + free_b
-    images = "summed" if batch and batch[0] not in out else "batched"
-    if batch and images == "batched":
-        letters = batch + letters
-    return _MatmulPlan(swap, oa, ob, images, tuple(size[c] for c in letters),
-                       tuple(letters.index(c) for c in out))
-
-
-def _mergeable(subs: str, shape, strides, groups: list[list[str]]) -> bool:
-    """Whether each group of letters' axes merge into one axis without a copy."""
-    for group in groups:
-        axes = [subs.index(c) for c in group if shape[subs.index(c)] != 1]
-        if any(strides[x] != strides[y] * shape[y] for x, y in zip(axes, axes[1:])):
-            return False
-    return True
 
 
 def _view(array, index, env, ranges, letters):

@@ -1,18 +1,18 @@
-"""BLAS contractions: `_matmul` against numpy's einsum on the layouts contractions produce
-(transposed and strided views, size-1 and empty axes, stacked taps), and convolution gradients
-whose taps go through im2col / col2im against finite differences."""
+"""BLAS contractions: `einsum_matmul` (engines/matmuls.py) against numpy's einsum on the layouts
+contractions produce (transposed and strided views, size-1 and empty axes, stacked taps), and
+convolution gradients whose taps go through im2col / col2im against finite differences."""
 import itertools
 import re
 
 import numpy as np
 import pytest
 from halide_ad.runtime import parallel
-from halide_ad.runtime.engines.blas import (SMALL_PRODUCT, BlasPlan, _Lazy, _matmul, _matmul_plan, _Plan,
-                                         _Shifted, _stand_in, _unwritten)
+from halide_ad.runtime.engines.blas import BlasPlan, _Lazy, _Plan, _Shifted, _stand_in, _unwritten
+from halide_ad.runtime.engines.matmuls import SMALL_PRODUCT, einsum_matmul, matmul_plan
 
 import halide_ad as hd
 from halide_ad.runtime import route
-from halide_ad.runtime.engines import blas
+from halide_ad.runtime.engines import blas, matmuls
 
 CASES = [  # (a subscripts, b subscripts, out subscripts, sizes)
     ("ik", "kj", "ij", dict(i=5, j=7, k=3)),
@@ -43,7 +43,7 @@ def test_matmul_equals_einsum(sa, sb, out, sizes, layout):
         return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
 
     va, vb = operand(sa), operand(sb)
-    np.testing.assert_allclose(_matmul(va, sa, vb, sb, out), np.einsum(f"{sa},{sb}->{out}", va, vb),
+    np.testing.assert_allclose(einsum_matmul(va, sa, vb, sb, out), np.einsum(f"{sa},{sb}->{out}", va, vb),
                                rtol=1e-12, atol=1e-12)
 
 
@@ -56,14 +56,14 @@ def test_matmul_reads_a_large_operand_in_place():
     dy = rng.standard_normal((2, 8, 70, 70))  # n k i j
     xs = rng.standard_normal((2, 3, 4, 72, 70))[:, :, :, 1:71]  # n s c i j: a row tap's view of a stack
     assert dy.size > SMALL_PRODUCT
-    plan = _matmul_plan("nkij", dy.shape, dy.strides, "nscij", xs.shape, xs.strides, "ksc")
+    plan = matmul_plan("nkij", dy.shape, dy.strides, "nscij", xs.shape, xs.strides, "ksc")
     assert not plan.a.copy and not plan.b.copy and plan.images == "summed"
-    np.testing.assert_allclose(_matmul(dy, "nkij", xs, "nscij", "ksc"), np.einsum("nkij,nscij->ksc", dy, xs),
+    np.testing.assert_allclose(einsum_matmul(dy, "nkij", xs, "nscij", "ksc"), np.einsum("nkij,nscij->ksc", dy, xs),
                                rtol=1e-10, atol=1e-10)
     w = rng.standard_normal((8, 4, 3))  # k c s: small, so copied into the order one product needs
-    plan = _matmul_plan("kcs", w.shape, w.strides, "nscij", xs.shape, xs.strides, "nkij")
+    plan = matmul_plan("kcs", w.shape, w.strides, "nscij", xs.shape, xs.strides, "nkij")
     assert plan.images == "batched" and (plan.a.copy or plan.b.copy)
-    np.testing.assert_allclose(_matmul(w, "kcs", xs, "nscij", "nkij"), np.einsum("kcs,nscij->nkij", w, xs),
+    np.testing.assert_allclose(einsum_matmul(w, "kcs", xs, "nscij", "nkij"), np.einsum("kcs,nscij->nkij", w, xs),
                                rtol=1e-10, atol=1e-10)
 
 
@@ -441,8 +441,8 @@ def test_row_taps_of_an_input_gradient_are_rows_of_one_product(dtype, fresh_plan
     out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 1), x, w)
     ct = rng.standard_normal(out.shape).astype(dtype)
     rows = []
-    real = blas._matmul
-    monkeypatch.setattr(blas, "_matmul", lambda va, sa, vb, sb, so, into=None: rows.append(len(so)) or
+    real = matmuls.einsum_matmul
+    monkeypatch.setattr(matmuls, "einsum_matmul", lambda va, sa, vb, sb, so, into=None: rows.append(len(so)) or
                         real(va, sa, vb, sb, so, into))
     gx, gw = vjp_fn(ct)
     assert sorted(rows) == [3, 3, 3, 5], rows  # adj_w: 3 products (k, c, s); adj_x: 1 (n, c, r, i, j)
