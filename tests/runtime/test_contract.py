@@ -7,7 +7,8 @@ import re
 import numpy as np
 import pytest
 from halide_ad.runtime import parallel
-from halide_ad.runtime.engines.blas import BlasPlan, _Lazy, _Plan, _Shifted, _stand_in, _unwritten
+from halide_ad.runtime.engines.blas import BlasPlan, _unwritten
+from halide_ad.runtime.engines.blas_plan import Lazy, Plan, Shifted, stand_in
 from halide_ad.runtime.engines.matmuls import SMALL_PRODUCT, einsum_matmul, matmul_plan
 
 import halide_ad as hd
@@ -194,11 +195,11 @@ def test_strided_input_gradient_is_a_product_per_tap_and_a_gather(shape, stride,
 def test_copies_run_in_rounds_after_what_they_read():
     """The fills and copies into a temporary come before the copies that read it (a padded
     operand, then its stacked windows): each round runs in parallel."""
-    plan = _Plan("out")
+    plan = Plan("out")
     padded = plan.temporary((2, 6), np.float32)
     stacked = plan.temporary((2, 3, 4), np.float32)
     other = plan.temporary((2, 4), np.float32)
-    x = _Lazy("x", (), _stand_in((2, 4), np.float32))
+    x = Lazy("x", (), stand_in((2, 4), np.float32))
     plan.copy(padded[:, :1], None)
     plan.copy(padded[:, 5:], None)
     plan.copy(padded[:, 1:5], x)
@@ -216,9 +217,9 @@ def test_a_shifted_window_copies_what_it_overlaps_and_zeroes_the_rest(offset):
     inside the operand with its value, outside with 0, including a window wholly outside."""
     x = np.arange(1, 61, dtype=np.float32).reshape(2, 5, 6)
     shape = (3, 4, 7)
-    plan = _Plan("out")
+    plan = Plan("out")
     dst = plan.temporary(shape, np.float32)
-    plan.copy_shifted(dst, _Shifted(_Lazy("x", (), _stand_in(x.shape, x.dtype)), offset, shape))
+    plan.copy_shifted(dst, Shifted(Lazy("x", (), stand_in(x.shape, x.dtype)), offset, shape))
     sources = {"x": x, 0: np.full(shape, np.nan, np.float32)}
     plan.run_copies(sources)
     padded = np.pad(x, 10)
