@@ -4,7 +4,7 @@
     plans = inverted(adjoints)                   solver/invert.py: Scatter -> Gather | Fallback, z3-checked
     plans = route(plans)                         runtime/route.py: contributions an engine computes
     plans = inline_adjoints(plans)               runtime/inline.py: adjoints computed where read
-    source = emit_backward(plans)                runtime/codegen.py: loop nests -> Python source
+    source = emit_backward(plans)                runtime/kernels.py: loop nests -> Python source
     kernel = compile_kernel(source)              runtime/compile.py: numba, cached on disk
 
 A forward program: inline_stages (runtime/inline.py), split_reduction, emit_forward, compile_kernel.
@@ -20,7 +20,8 @@ from dataclasses import replace
 from halide_ad import config, disk_cache
 from halide_ad.ad import read_by_gradients, reverse_mode
 from halide_ad.ir import Adjoint, Load, Program, Reduce, Update, adjoint_name, is_float
-from halide_ad.runtime.codegen import emit_backward, emit_forward, settings as codegen_settings, split_reduction
+from halide_ad.runtime.kernels import emit_backward, emit_forward, settings as codegen_settings
+from halide_ad.runtime.schedule.rfactor import split_reduction
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.contract import Contraction, contraction
 from halide_ad.runtime.engines.direct_conv import DirectPlan
@@ -229,8 +230,8 @@ def _calls(c: Contraction) -> str:
 def _private_adjoints(program: Program, plans: list[AdjointPlan], wrt: tuple[str, ...]) -> frozenset[str]:
     """The stored adjoints of intermediate buffers that exactly one gather reads, and nothing else
     (no BLAS contraction, no scatter, no other plan): the loop nest that computes one may hand it
-    to its reader a plane at a time (codegen's stages). Not those in `wrt` (`hd.adjoints` asks
-    for intermediates): they are results."""
+    to its reader a plane at a time (runtime/schedule/stage.py). Not those in `wrt` (`hd.adjoints`
+    asks for intermediates): they are results."""
     inputs = {b.name for b in program.inputs}
     readers: dict[str, list] = {}
     for plan in plans:

@@ -121,7 +121,7 @@ def resolve(s: Stmt, em, here: bool = True) -> Stmt:
     stands among the statements the code generator still writes as text. The loops of a
     reduction inside an expression go before the line that reads it, or, without `here`, where
     the code generator's Writer `em.out` stands (before the gather whose piece reads it, as
-    codegen.py placed them)."""
+    the gather loop nests place them)."""
     match s:
         case Block(body):
             return block(*(resolve(c, em, here) for c in body))
@@ -241,7 +241,7 @@ class Emitter:
     # into constants, and typing an np.float32(...) call at every use made big kernels compile
     # ~25% slower. Text -> name.
     literals: dict[str, str] = field(default_factory=dict)
-    # adjoints kept one plane at a time in a local array (see `_stage_depth`): buffer -> (the
+    # adjoints kept one plane at a time in a local array (schedule/stage.py): buffer -> (the
     # leading dimensions the enclosing loops fix, the local's name)
     staged: dict[str, tuple[int, str]] = field(default_factory=dict)
     buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)

@@ -162,7 +162,7 @@ class BackwardRun:
             name = adjoint_name(adj.buffer)
             results.append((adj.buffer, name))
             if plan.contributions:
-                if name in used:  # else a kernel keeps it one plane at a time (codegen's stages)
+                if name in used:  # else a kernel keeps it one plane at a time (runtime/schedule/stage.py)
                     fills.append((name, Allocation(name, adj.shape, adj.dtype)))
                 if adj.seeded:
                     fills.append(("ct_" + adj.buffer, adj.buffer))

@@ -1,35 +1,41 @@
-"""The gradient's gather loop nests, scheduled while they are written (runtime/codegen.py drives).
+"""The gradient's gather loop nests, written as the decisions of runtime/schedule/ say
+(runtime/kernels.py drives).
 
-A gather loop nest runs its adjoint's Split (runtime/schedule/boundary.py): the interior box with
-its specialized gathers, the regions around it, the edge columns inside the box's row loop, the
-phases of a strided dimension, a separable window's two passes over a ring of rows, the corners
-whose gathers are constant taps as one loop over tables; loads read once per iteration are
-hoisted; an adjoint whose windows walk memory along its last dimension runs a row at a time
-(in column blocks when it is 1-D). These decisions are still made here while statements are
-written as text lines into a Writer, with their loops as For nodes (runtime/loops.py), so that
-runtime/emit.py outlines the parallel ones; a gather's pieces are lowered to nests
-(`lower.gather_piece`) and their long windows split into lanes (`split_accumulators`). They are
-to become Loops -> Loops passes under runtime/schedule/ one at a time (issue 27).
+A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
+pass picks (`Writer.rewrite`). One with a Split (schedule/boundary.py) runs the interior box with its
+specialized gathers, the regions around it, the edge columns inside the box's row loop, the
+phases of a strided dimension, a separable window's two passes over a ring of rows
+(schedule/separable.py), the corners whose gathers are constant taps as one loop over tables
+(schedule/corners.py); loads read once per iteration are hoisted (schedule/hoist.py); an adjoint
+whose windows walk memory along its last dimension runs a row at a time, in column blocks when
+it is 1-D (schedule/rows.py). The statements are still written as text lines into a Writer, with
+their loops as For nodes (runtime/loops.py), so that runtime/emit.py outlines the parallel ones;
+a gather's pieces are lowered to nests (`lower.gather_piece`) and their long windows split into
+lanes (`split_accumulators`). What is left to make Loops -> Loops passes (issue 27): the
+weighted sums, row gathers and staged pairs print flat text (`(h1 + h2) * f32_2`), which needs
+node types that print verbatim before the nests can be built as data with the same bytes.
 """
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import replace
 
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, dtype_of
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var
 from halide_ad.show import show
 from halide_ad.affine import Affine
-from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import Bound, Kind, Local, block
+from halide_ad.runtime.loops import Block, Bound, Kind, Local, Stmt, block
 from halide_ad.runtime.lower import accumulator_dtype
-from halide_ad.runtime.schedule.accumulate import split_accumulators, unit_stride
-from halide_ad.runtime.schedule.parallel import parallel_dim, parallel_min_points
+from halide_ad.runtime.schedule import rows
+from halide_ad.runtime.schedule.accumulate import split_accumulators
+from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
+from halide_ad.runtime.schedule.corners import tabled_points
+from halide_ad.runtime.schedule.hoist import hoist_loads
+from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
+from halide_ad.runtime.schedule.separable import ring_rows, separable_window
 from halide_ad.runtime.writer import Writer
-from halide_ad.traverse import free_vars, walk
 
 
 def open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> None:
@@ -48,13 +54,6 @@ def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str |
             w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
 
 
-def cut_dims(vars_, shape, split) -> list[int]:
-    """The dimensions that the split's box or phases cut."""
-    if split is None:
-        return []
-    return [d for d, v in enumerate(vars_) if v in split.box and (split.box[v] != (0, shape[d] - 1) or v in split.phased)]
-
-
 def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
                      opened: int = 0, terms: float = 1) -> None:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
@@ -69,15 +68,18 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
     depth = w.depth
     if not dims and (split is None or split.separable is None):
-        _full_loops(w, em, vars_, shape, range(opened, len(vars_)), par, lambda: body(gathers))
+        # one perfect nest: choose_parallel picks its loop (inside loops already open, none is)
+        start = len(w.ops)
+        _full_loops(w, em, vars_, shape, range(opened, len(vars_)), None, lambda: body(gathers))
         w.depth = depth
+        if not opened:
+            w.rewrite(start, lambda nest: schedule.run(choose_parallel, _single(nest), terms))
         return
     first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
     _full_loops(w, em, vars_, shape, range(opened, first), par, lambda: None)
     level = w.depth
-    i, j = len(vars_) - 2, len(vars_) - 1
-    separable = split.separable is not None and first <= i and par not in (i, j) and \
-        _ring_rows(split) * shape[j] <= MAX_SEPARABLE_TEMP
+    i = len(vars_) - 2  # a separable window runs the last two dimensions
+    separable = separable_window(split, shape, first, par)
     # regions beside the box in its last dimension only (a plane's edge columns) run inside the
     # box's loop over the dimension before it, while that row is in cache
     def is_column(region) -> bool:
@@ -93,7 +95,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
         start, depth_ = (last if in_box_loop else first), w.depth
         for region, gs in chosen:
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-            parallel = not in_box_loop and math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= parallel_min_points()
+            parallel = not in_box_loop and region_parallel(ranges)
             for d in range(start, len(vars_)):
                 lo, hi = ranges[vars_[d]]
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
@@ -148,7 +150,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
         open_loop(w, em.name(q), lo // stride, (hi + 1) // stride, d == par)
         if k == len(split.phased) - 1:  # the phases of one iteration share their loads
             _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
-                         _box_ranges(vars_, shape, split), written)
+                         box_ranges(vars_, shape, split), written)
         for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
             w.line(f"# phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}")
             box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
@@ -171,7 +173,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
-    points = _tabled_points(around, vars_[first:], em)
+    points = tabled_points(around, vars_[first:], em.staged)
     tabled = {id(region) for region, _ in points}
     regions([r for r in around if id(r[0]) not in tabled], False)
     if points:
@@ -196,16 +198,6 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     w.depth = depth
 
 
-MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's ring of rows: its rows stay in cache
-
-
-def _ring_rows(split) -> int:
-    """The rows of a separable window's temporary: a ring of a power of two, at least the source
-    rows one output row reads, so that a row's slot is `row & (ring - 1)`."""
-    offsets = [r for r, _ in split.separable.rows]
-    return 1 << (max(offsets) - min(offsets)).bit_length()
-
-
 def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     """The box's last two dimensions (i, j) as two passes of the Separable window: each source
     row it reads, filtered along j into a ring of rows, then, per output row, the ring's rows
@@ -218,7 +210,7 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     first_row = min(r for r, _ in sep.rows)
     span = max(r for r, _ in sep.rows) - first_row + 1
     fresh = min(sep.row_stride, span)  # the rows an output row reads that the one before did not
-    mask = _ring_rows(split) - 1
+    mask = ring_rows(split) - 1
     tmp, k = w.temp("window"), Var("row")
 
     def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
@@ -248,47 +240,23 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     w.depth -= 2
 
 
-def _box_ranges(vars_, shape, split) -> dict[Var, tuple[int, int]]:
-    """Inclusive ranges of the gather variables and the phase variables inside the box."""
-    ranges = {v: split.box.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-    for j, stride, q in zip(split.phased, split.strides, split.phase_vars, strict=True):
-        lo, hi = split.box[j]
-        ranges[q] = (lo // stride, (hi + 1) // stride - 1)
-    return ranges
-
-
 def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
-    """Read once, at the top of the iteration, every load of the phases that depends only on the
-    loop variables and is in range for all of them (so reading it even where a guard fails is
-    safe). Without this, a store between two phases makes LLVM read again and not vectorize.
-    An index that two of them share is computed once, before them: numba's compile time grows
-    with every operation, and an edge of a bilinear gradient reads 12 loads at 4 columns."""
+    """The loads that `hoist_loads` reads once per iteration, and the indices they share, as
+    lines at the top of the iteration, which the gathers' expressions then print by name."""
     em.hoisted.clear()
-    chosen: dict[Load, None] = {}
-    for g in gathers:
-        for piece in g.pieces:
-            inner = {r.var for r in piece.loops}
-            for e in [piece.value, *(c for level in piece.guards for c in level)]:
-                for n in walk(e):
-                    if (isinstance(n, Load) and n not in chosen and n.buffer != written and n.index
-                            and not any(isinstance(m, Var) and m in inner for i in n.index for m in walk(i))
-                            and all(_within(i, em.shapes[n.buffer][d], ranges) for d, i in enumerate(n.index))):
-                        chosen[n] = None
-    shared = collections.Counter(i for n in chosen for i in dict.fromkeys(n.index) if isinstance(i, Bin))
-    for i in (i for i, count in shared.items() if count > 1):
+    shared, loads = hoist_loads(gathers, ranges, em.shapes, written)
+    for i in shared:
         name = f"ix{len(em.hoisted)}"
         w.line(f"{name} = {em.expr(i)}")
         em.hoisted[i] = name
-    for k, n in enumerate(chosen):
+    for k, n in enumerate(loads):
         w.line(f"h{k} = {em.index(n.buffer, n.index, n.buffer)}")
         em.hoisted[n] = f"h{k}"
 
 
-def _within(e: Expr, n: int, ranges) -> bool:
-    if checked_at_run_time(e):
-        return False
-    span = interval(e, ranges)
-    return span is not None and 0 <= span[0] and span[1] < n
+def _single(nest: Block) -> Stmt:
+    """The one statement of `nest`, or `nest`: passes see a perfect nest's outermost loop."""
+    return nest.body[0] if len(nest.body) == 1 else nest
 
 
 def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
@@ -296,51 +264,6 @@ def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
     for d in dims:
         open_loop(w, em.name(vars_[d]), 0, shape[d], d == par)
     inner()
-
-
-def _tabled_points(regions, dims, em: Emitter) -> list:
-    """(region, its taps) for the regions among `regions` that are single points in `dims` and
-    whose gathers are only constant times loads of one buffer at one leading index, the rest
-    constants (the corners of a bilinear gradient's planes: 9 taps each). Two or more such run
-    as one loop over tables of their taps: a specialized copy of the body per corner cost numba
-    as much to compile as an edge's loop. Empty unless there are two."""
-    points = []
-    for region, gs in regions:
-        if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:
-            continue
-        taps = _constant_taps(gs)
-        if taps is not None:
-            points.append((region, taps))
-    heads = {(t[0].buffer, t[0].index[:t[1]], t[0].dtype, t[1]) for _, taps in points for t in taps[:1]}
-    if len(points) < 2 or len(heads) != 1 or next(iter(heads))[0] in em.staged:
-        return []
-    return points
-
-
-def _constant_taps(gs) -> list[tuple[Load, int, float]] | None:
-    """(load, where its constant indices start, weight) for each load the gathers read, or None
-    unless every piece is unguarded, loop-free, a constant times one load, and every load's index
-    is the same leading expressions (no run-time check among them), then constants."""
-    taps = []
-    for g in gs:
-        for p in g.pieces:
-            f = None if p.loops or any(p.guards) else factors(p.value)
-            if f is None or len(f[0]) != 1:
-                return None
-            (load,), scale = f
-            lead = len(load.index)
-            while lead and isinstance(load.index[lead - 1], Const):
-                lead -= 1
-            if (lead == len(load.index) or load.dtype != dtype_of(p.value)
-                    or any(checked_at_run_time(e) for e in load.index[:lead])):
-                return None
-            taps.append((load, lead, scale))
-    if not taps or len({(t[0].buffer, t[0].index[:t[1]], t[1]) for t in taps}) != 1:
-        return None
-    weights: dict[Load, float] = {}  # a load read by several gathers is one tap
-    for load, _, scale in taps:
-        weights[load] = weights.get(load, 0.0) + scale
-    return [(load, taps[0][1], scale) for load, scale in weights.items()]
 
 
 def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
@@ -419,25 +342,6 @@ def wide_gathers(gs, adj) -> bool:
     return accumulator_dtype("sum", adj.dtype, gather_terms(gs, adj.shape)) != adj.dtype
 
 
-def gathers_by_rows(vars_, shape, gathers) -> bool:
-    """Whether an adjoint's windows run with its last variable's loop innermost
-    (`emit_row_gathers`): the windows' reads walk memory with that variable, none with a window
-    variable, no guard and no window bound depends on it. A layer norm's gain gradient,
-    `adj_g[j] += adj_y[i, j] * xhat[i, j]` over i, walked every column across 4096 rows."""
-    if not vars_ or shape[-1] < 2:
-        return False
-    last, pieces = vars_[-1], [p for g in gathers for p in g.pieces]
-    windows = [p for p in pieces if p.loops]
-    if not windows or any(c for p in pieces for level in p.guards for c in level):
-        return False
-    if any(isinstance(b, Expr) and last in free_vars(b) for p in windows for loop in p.loops
-           for b in (loop.lo, loop.hi)):
-        return False
-    return any(unit_stride(p.value, last) for p in windows) and not any(
-        n.index and free_vars(n.index[-1]) & {loop.var for loop in p.loops}
-        for p in windows for n in walk(p.value) if isinstance(n, Load))
-
-
 def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     """An adjoint's rows, one at a time: the cotangent and the terms without a window, then each
     window's loops with the row's loop inside them, so that every read walks memory in order.
@@ -450,8 +354,8 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
     store = em.index(name, vars_, name)
     row = None if dtype == adj.dtype else w.temp("row")
     terms = gather_terms(gathers, shape) * n
-    columns = f"0, {n}"
-    blocks = _column_blocks(shape, terms)
+    col_lo, col_hi = 0, n  # the columns the row's loops run
+    blocks = rows.column_blocks(shape, terms)
     if blocks is None:
         acc = store if row is None else f"{row}[{k}]"
         _open_rows(w, em, vars_, shape, parallel_dim(shape[:-1], terms), row, dtype)
@@ -459,14 +363,21 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
         block, lo = -(-n // blocks), w.temp("col")
         open_loop(w, f"{lo}_block", 0, blocks, True)
         w.line(f"{lo} = {lo}_block * {block}")
-        columns = f"{lo}, min({lo} + {block}, {n})"
+        col_lo, col_hi = lo, f"min({lo} + {block}, {n})"
         if row is not None:
             w.line(f"{row} = np.empty({block}, np.{dtype})")
         acc = store if row is None else f"{row}[{k} - {lo}]"
+
+    def along_row(line) -> None:
+        """The line `line()` writes, in a loop over the row's columns (printed inside it: an
+        inline reduction's loops go there too)."""
+        open_loop(w, k, col_lo, col_hi, False)
+        w.line(line())
+        w.depth -= 1
+
     first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
     first += [em.expr(p.value) for p in pieces if not p.loops]
-    with w.block(f"for {k} in range({columns}):"):
-        w.line(f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
+    along_row(lambda: f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
     for g in gathers:
         _describe(w, g)
         for p in g.pieces:
@@ -474,29 +385,12 @@ def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
                 continue
             depth = w.depth
             for loop in p.loops:
-                w.line(f"for {em.name(loop.var)} in range({em.expr(loop.lo)}, {em.expr(loop.hi)}):")
-                w.depth += 1
-            with w.block(f"for {k} in range({columns}):"):
-                w.line(f"{acc} = {acc} + {em.expr(p.value)}")
+                open_loop(w, em.name(loop.var), em.expr(loop.lo), em.expr(loop.hi), False)
+            along_row(lambda: f"{acc} = {acc} + {em.expr(p.value)}")
             w.depth = depth
     if row is not None:
-        with w.block(f"for {k} in range({columns}):"):
-            w.line(f"{store} = {acc}")
+        along_row(lambda: f"{store} = {acc}")
     w.depth = outer
-
-
-COLUMN_BLOCK = 128  # the fewest columns a thread takes of a 1-D adjoint run a row at a time
-COLUMN_BLOCKS = 16  # the most blocks it splits into (parallel_for hands them to the threads)
-
-
-def _column_blocks(shape: tuple[int, ...], terms: float) -> int | None:
-    """How many blocks of columns a 1-D adjoint run a row at a time splits into, to run in
-    parallel; None for serial (short, or not 1-D: those run in parallel over their rows). Each
-    column adds its terms in the same order either way, so the bits do not change. A layer
-    norm's gain gradient (4096 rows of 1024) ran on one thread."""
-    if len(shape) != 1 or shape[0] < 2 * COLUMN_BLOCK or terms < parallel_min_points():
-        return None
-    return min(shape[0] // COLUMN_BLOCK, COLUMN_BLOCKS)
 
 
 def _describe(w: Writer, c) -> None:

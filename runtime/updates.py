@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 
 from halide_ad.ir import Buffer, Load, Op, Program, ReverseScan, Update, adjoint_name, tape_name
-from halide_ad.runtime.codegen import _function
+from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.gathers import open_loop
 from halide_ad.runtime.compile import compile_kernel
@@ -71,7 +71,7 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]],
         _emit_write(w, em, u, store)
         w.depth = depth
     w.line("return None")
-    return _function(em, entry), list(em.used), em.checks, s
+    return emit.function(em, entry, em.out.tree(1)), list(em.used), em.checks, s
 
 
 def _copy(w, em: Emitter, dst: str, src: str, shape: tuple[int, ...]) -> None:
@@ -161,7 +161,7 @@ def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
         w.depth = depth
     w.depth = 1
     w.line("return None")
-    return _function(em, entry), list(em.used), em.checks
+    return emit.function(em, entry, em.out.tree(1)), list(em.used), em.checks
 
 
 def _point(em: Emitter, u: Update) -> str:
@@ -171,7 +171,7 @@ def _point(em: Emitter, u: Update) -> str:
 
 def _emit_gathered(w, em: Emitter, u: Update, s: Schedule) -> None:
     """Rung 2: name[j] = prev[j] + each piece of the inverted scatter at j, parallel over j (the
-    pieces' loops and guards as the gradient's gathers have them, runtime/codegen.py)."""
+    pieces' loops and guards as the gradient's gathers have them, runtime/gathers.py)."""
     depth = w.depth
     js = s.gather.new_vars
     for d, (j, n) in enumerate(zip(js, u.shape, strict=True)):

@@ -55,6 +55,14 @@ class Writer:
             case _:
                 raise TypeError(f"not resolved: {s!r}")
 
+    def rewrite(self, start: int, transform) -> None:
+        """Replace what was written since `start` (`len(self.ops)` then: a nest at the current
+        depth) with `transform(that nest)`, a pass over its For and Source nodes."""
+        tail = Writer()
+        tail.ops = self.ops[start:]
+        del self.ops[start:]
+        self.add(transform(tail.tree(self.depth)))
+
     def extend(self, other: Writer) -> None:
         """Append what `other` wrote (at its own depths)."""
         self.ops += other.ops

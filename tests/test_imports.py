@@ -25,9 +25,10 @@ DEFERRED = {
 
 def _modules():
     for package, folder in PACKAGES.items():
-        for path in sorted(folder.glob("*.py")):
-            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
-            yield name, ast.parse(path.read_text(), str(path))
+        for path in sorted(folder.rglob("*.py")):  # subpackages too (runtime/schedule/, runtime/engines/)
+            parts = path.relative_to(folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            yield ".".join((package, *parts)), ast.parse(path.read_text(), str(path))
 
 
 def _imports(tree):

@@ -5,28 +5,26 @@ im2col's copy), and the other taps loop around BLAS calls on views of that copy,
 shift the output (an input gradient), become rows of one product whose slices are summed
 shifted; an output written at an offset gets one window per tap added (col2im). Written at a
 stride (`adj_x[n, c, 2*i + r]`), the router instead asks for the product of every tap, which a
-generated gather adds up (`contract.tap_product_vars`). `_matmul` lays each product out as BLAS
-calls on views, batched over the image index, so that neither the operands nor the products are
-copied again. All of that depends on the shapes and dtypes alone: a plan works it out once, on
-stand-in arrays that take no memory, into a `_Plan` of temporaries, copies and products, and each
-call runs it (the Python that derives it cost ~1 ms of a convolution's gradient). A contraction
-of one operand (a bias's gradient) is numpy's sum.
+generated gather adds up (`contract.tap_product_vars`). `matmuls.einsum_matmul` lays each product
+out as BLAS calls on views, batched over the image index, so that neither the operands nor the
+products are copied again. All of that depends on the shapes and dtypes alone: a plan works it
+out once, on stand-in arrays that take no memory, into a `Plan` (blas_plan.py) of temporaries,
+copies and products, and each call runs it (the Python that derives it cost ~1 ms of a
+convolution's gradient). A contraction of one operand (a bias's gradient) is numpy's sum.
 """
 from __future__ import annotations
 
 import functools
 import itertools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from halide_ad.ir import Range, Var
 from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.contract import Contraction, offset_vars, plain, terms, used
-from halide_ad.runtime.parallel import by_rows, copy_all, each_image, matmul
-
-SMALL_PRODUCT = 1 << 16  # products this small are cheap to write in any order (a weight gradient)
+from halide_ad.runtime.engines.blas_plan import Lazy, Plan, Shifted, add_products, stand_in, write_product
+from halide_ad.runtime.parallel import each_image
 
 
 def plan(c: Contraction, *, any_size: bool = False) -> BlasPlan:
@@ -48,8 +46,8 @@ class BlasPlan:
     def accumulate(self, buffers: dict[str, np.ndarray], *, assign: bool = False) -> None:
         """out += the contraction, or with `assign`, out = it (zero where it does not write).
 
-        BLAS products over all taps (`_matmul`). Taps that shift the output window (as in a
-        convolution's input gradient) move onto the operand that carries the window
+        BLAS products over all taps (`matmuls.einsum_matmul`). Taps that shift the output window (as
+        in a convolution's input gradient) move onto the operand that carries the window
         (`_correlation`); where they cannot, their products are added window by window. Which
         views, copies and products that takes depends on the shapes and dtypes alone: it is
         worked out once (`_plan`), and each call only runs it.
@@ -79,7 +77,7 @@ class BlasPlan:
 
         each_image(image, count)
         if partial is not None:
-            _add(out, [partial.sum(axis=0)], 1.0, assign)
+            add_products(out, [partial.sum(axis=0)], 1.0, assign)
 
     MIN_IMAGE_WORK = 1 << 22  # multiply-adds per image from which images run one by one
 
@@ -107,7 +105,7 @@ class BlasPlan:
                 return (var, r.extent, split) if work >= self.MIN_IMAGE_WORK else None
         return None
 
-    def _plan_for(self, shapes: dict, arrays: dict, ranges: dict | None = None) -> _Plan:
+    def _plan_for(self, shapes: dict, arrays: dict, ranges: dict | None = None) -> Plan:
         """The plan for arrays of these shapes and of the dtypes of `arrays`, with the ranges of
         some variables replaced (see `_plan`), made once."""
         dtypes = {n: a.dtype for n, a in arrays.items()}
@@ -131,13 +129,13 @@ class BlasPlan:
         if assign:
             out.fill(0)
         # (a sum to one number is a numpy scalar, which _write cannot scale in place)
-        _write(out[key], np.asarray(np.einsum(f"{subs}->{out_subs}", view)), self.scale, False)
+        write_product(out[key], np.asarray(np.einsum(f"{subs}->{out_subs}", view)), self.scale, False)
 
-    def _plan(self, shapes: dict, dtypes: dict, replaced: dict[Var, Range]) -> _Plan:
-        """The work for buffers of these shapes and dtypes (see `_Plan`), derived on stand-in
+    def _plan(self, shapes: dict, dtypes: dict, replaced: dict[Var, Range]) -> Plan:
+        """The work for buffers of these shapes and dtypes (see `Plan`), derived on stand-in
         arrays, with the variables in `replaced` running over those ranges instead."""
-        plan = _Plan(self.out)
-        arrays = {n: _Lazy(n, (), _stand_in(shapes[n], dtypes[n])) for n in dtypes}
+        plan = Plan(self.out)
+        arrays = {n: Lazy(n, (), stand_in(shapes[n], dtypes[n])) for n in dtypes}
         ranges = {r.var: r for r in self.domain} | replaced
         letters = {r.var: chr(ord("a") + k) for k, r in enumerate(self.domain)}
         shifting = {v for e in self.out_index for v in offset_vars(terms(e))}
@@ -239,7 +237,7 @@ class BlasPlan:
             for ms in itertools.product(*(range(count[t.var]) for t in lanes)):
                 at = {axis[t.var]: window(m, t.var) for t, m in zip(lanes, ms, strict=True)}
                 spans = [at.get(c, slice(0, extent[c] + 2 * pad.get(c, 0))) for c in subs]  # padded coords
-                copies.append(_Shifted(view, tuple(w.start - pad.get(c, 0) for w, c in zip(spans, subs)),
+                copies.append(Shifted(view, tuple(w.start - pad.get(c, 0) for w, c in zip(spans, subs)),
                                        tuple(w.stop - w.start for w in spans)))
             stacked, stacked_subs = _stacked(copies, subs, "".join(letters[t.var] for t in lanes),
                                              [count[t.var] for t in lanes], plan)
@@ -274,8 +272,8 @@ class BlasPlan:
         """The operand's view as a function of the row taps' values. Other taps it reads at an
         offset (x[n, c, i + r]) become axes of a stacked copy (im2col) right after its first axis
         (x_stacked[n, r, c, i]), so that they go into BLAS calls batched over that axis (see
-        `_matmul`); the copy spans the row taps' whole windows, and each of their values is a
-        view of it."""
+        `matmuls.einsum_matmul`); the copy spans the row taps' whole windows, and each of their
+        values is a view of it."""
         offset = {t.var for t in self.taps if any(t.var in offset_vars(terms(e)) for e in index)}
         stacked = [t for t in self.taps if t.var in offset and t not in rows]
         shifted = [t for t in rows if t.var in offset]
@@ -296,128 +294,6 @@ class BlasPlan:
                       for t in shifted}
             return _index(data, subs, window)
         return at
-
-
-class _Lazy:
-    """An array that a plan reads at run time, a buffer or a temporary, indexed and reshaped
-    as the plan was built: how to get it (`__call__`), and a stand-in of its shape and dtype
-    (zero strides: no memory) that the plan is built with."""
-    __slots__ = ("source", "ops", "stand_in")
-
-    def __init__(self, source: str | int, ops: tuple, stand_in: np.ndarray):
-        self.source, self.ops, self.stand_in = source, ops, stand_in
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.stand_in.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.stand_in.dtype
-
-    def __getitem__(self, key) -> _Lazy:
-        return _Lazy(self.source, self.ops + ((False, key),), self.stand_in[key])
-
-    def reshape(self, shape: tuple[int, ...]) -> _Lazy:
-        return _Lazy(self.source, self.ops + ((True, shape),), _stand_in(shape, self.dtype))
-
-    def __call__(self, sources: dict) -> np.ndarray:
-        a = sources[self.source]
-        for reshape, arg in self.ops:
-            a = a.reshape(arg) if reshape else a[arg]
-        return a
-
-
-def _stand_in(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An array of this shape and dtype that takes no memory (every stride 0), to index."""
-    return np.broadcast_to(np.zeros((), dtype), shape)
-
-
-class _Plan:
-    """A contraction's work for given shapes and dtypes: temporaries to allocate, copies and
-    zero fills into them (stacked windows, zero where they pad an operand) in order, then BLAS
-    products written to the output's windows (`windows`: disjoint, each with the sum of its
-    products), or else one product whose slices are added window by window (`sums`)."""
-
-    def __init__(self, out: str):
-        self.out = out
-        self.temporaries: list[tuple[tuple[int, ...], np.dtype]] = []
-        self.copies: list[tuple[_Lazy, _Lazy]] = []
-        self.windows: list | None = None
-        self.unwritten: list[tuple] | None = None
-        self.sums: tuple | None = None
-
-    def temporary(self, shape: tuple[int, ...], dtype) -> _Lazy:
-        self.temporaries.append((shape, dtype))
-        return _Lazy(len(self.temporaries) - 1, (), _stand_in(shape, dtype))
-
-    def copy(self, dst: _Lazy, src: _Lazy | None) -> None:
-        """dst = src, or with no src, dst = 0."""
-        self.copies.append((dst, src))
-
-    def copy_shifted(self, dst: _Lazy, src: _Shifted) -> None:
-        """dst = src: the part of the window inside its source copied, the padding around it
-        zeroed, slab by slab. A convolution's input gradient stacked its windows from a
-        zero-padded copy of the cotangent before: a fill and a copy more of it."""
-        inside = []
-        for n, m, o in zip(dst.shape, src.source.shape, src.offset, strict=True):
-            lo = min(max(-o, 0), n)
-            inside.append((lo, max(lo, min(n, m - o))))
-        if all(hi > lo for lo, hi in inside):
-            self.copy(dst[tuple(slice(lo, hi) for lo, hi in inside)],
-                      src.source[tuple(slice(lo + o, hi + o) for (lo, hi), o in zip(inside, src.offset))])
-        for axis, (lo, hi) in enumerate(inside):  # before and after the inside on this axis, within it on
-            for pad in (slice(0, lo), slice(hi, dst.shape[axis])):  # the axes before: disjoint slabs
-                if pad.stop > pad.start:
-                    self.copy(dst[tuple(slice(*inside[a]) for a in range(axis)) + (pad,)], None)
-
-    @functools.cached_property
-    def rounds(self) -> list[list[tuple[_Lazy, _Lazy | None]]]:
-        """The copies and zero fills (no source), in rounds that read only what earlier rounds
-        wrote, so that each round runs in parallel (`copy_all`): a copy comes after the copies
-        into the temporary it reads."""
-        rounds: list[list] = []
-        written: dict = {}
-        for dst, src in self.copies:
-            at = (-1 if src is None else written.get(src.source, -1)) + 1
-            written[dst.source] = max(written.get(dst.source, 0), at)
-            rounds += [[] for _ in range(at + 1 - len(rounds))]
-            rounds[at].append((dst, src))
-        return rounds
-
-    def run_copies(self, sources: dict) -> None:
-        """The copies and fills, round by round, into the temporaries in `sources`."""
-        for copies in self.rounds:
-            copy_all([(dst(sources), src if src is None else src(sources)) for dst, src in copies])
-
-    def run(self, arrays: dict[str, np.ndarray], scale: float, assign: bool) -> None:
-        sources: dict = dict(arrays)
-        for k, (shape, dtype) in enumerate(self.temporaries):
-            sources[k] = pool.empty(shape, dtype)
-        self.run_copies(sources)
-        out = arrays[self.out]
-        if self.windows is not None:
-            unwritten = self.unwritten if assign else []
-            if unwritten is None:
-                out.fill(0)
-            for at in unwritten or ():  # zeroed, so that the windows need not be added to zeros
-                out[at] = 0
-            overwrite = assign and unwritten is not None
-            for key, so, products, shifts in self.windows:
-                for k, ((va, sa), (vb, sb)) in enumerate(products):
-                    writes = overwrite and k == 0  # the first product writes the window, the rest add
-                    direct = writes and scale == 1 and shifts == [...]
-                    product = _matmul(va(sources), sa, vb(sources), sb, so, out[key] if direct else None)
-                    if product is None:  # BLAS wrote the window
-                        continue
-                    _add(out[key], [product[at] for at in shifts], scale, writes)
-            return
-        if assign:
-            out.fill(0)
-        va, sa, vb, sb, subs, windows = self.sums
-        full = _matmul(va(sources), sa, vb(sources), sb, subs)
-        for key, at in windows:
-            _add(out[key], [full[at]], scale, False)
 
 
 def _row_taps(taps: tuple[Range, ...], indices) -> list[Range]:
@@ -458,182 +334,21 @@ def _index(view: np.ndarray, subs: str, at: dict) -> tuple[np.ndarray, str]:
             "".join(c for c in subs if not isinstance(at.get(c), int)))
 
 
-@dataclass(frozen=True)
-class _Shifted:
-    """A window of `source` zero-padded on every side: its element idx is source[idx +
-    offset] where that is in bounds, else 0."""
-    source: _Lazy
-    offset: tuple[int, ...]
-    shape: tuple[int, ...]
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.source.dtype
-
-
-def _stacked(windows: list[_Lazy | _Shifted], subs: str, tap_subs: str, extents: list[int],
-             plan: _Plan) -> tuple[_Lazy, str]:
+def _stacked(windows: list[Lazy | Shifted], subs: str, tap_subs: str, extents: list[int],
+             plan: Plan) -> tuple[Lazy, str]:
     """The windows copied into one temporary, their taps as axes right after the first axis
-    (im2col), so that all taps go into BLAS calls batched over that axis (see `_matmul`), and
-    its subscripts."""
+    (im2col), so that all taps go into BLAS calls batched over that axis (see
+    `matmuls.einsum_matmul`), and its subscripts."""
     shape = windows[0].shape
     at = min(1, len(shape))
     data = plan.temporary(shape[:at] + (len(windows),) + shape[at:], windows[0].dtype)
     for k, view in enumerate(windows):
         dst = data[(slice(None),) * at + (k,)]
-        if isinstance(view, _Shifted):
+        if isinstance(view, Shifted):
             plan.copy_shifted(dst, view)
         else:
             plan.copy(dst, view)
     return data.reshape(shape[:at] + tuple(extents) + shape[at:]), subs[:at] + tap_subs + subs[at:]
-
-
-def _add(window: np.ndarray, products: list[np.ndarray], scale: float, overwrite: bool) -> None:
-    """window (+)= scale * the sum of products (arrays of its shape), image by image (along the
-    first axis) on the threads: numpy adds on one thread (conv2d's input gradient sums three
-    shifted slices of its product: 2.0-2.2 -> 1.7-1.9 ms)."""
-    def add(rows) -> None:
-        w, ps = window[rows], [p[rows] for p in products]
-        if overwrite and scale == 1 and len(ps) > 1:  # one pass for the first two, not copy, add
-            np.add(ps.pop(0), ps.pop(0), out=w)
-        elif overwrite:
-            _write(w, ps.pop(0), scale, True)
-        for p in ps:
-            _write(w, p, scale, False)
-
-    if window.ndim == 0:
-        add(...)
-    else:
-        by_rows(lambda lo, hi: add(slice(lo, hi)), len(window), window.nbytes * (len(products) + 1))
-
-
-def _write(window: np.ndarray, product: np.ndarray, scale: float, overwrite: bool) -> None:
-    """window (+)= scale * product, in one pass."""
-    if scale != 1:
-        np.multiply(product, product.dtype.type(scale), out=product)
-    if overwrite:
-        np.copyto(window, product)
-    else:
-        window += product
-
-
-def _matmul(va, sa: str, vb, sb: str, out: str, into: np.ndarray | None = None) -> np.ndarray | None:
-    """einsum(f"{sa},{sb}->{out}", va, vb) as BLAS matrix products (see `_matmul_plan`); a
-    convolution calls it with the same layouts every step, so the plan is worked out once.
-    With `into`, an array of the product's shape and dtype, BLAS writes the product there
-    where that array is contiguous in the product's layout, and None is returned."""
-    plan = _matmul_plan(sa, va.shape, va.strides, sb, vb.shape, vb.strides, out)
-    if plan is None:
-        return np.einsum(f"{sa},{sb}->{out}", va, vb, optimize=True)
-    if plan.swap:
-        va, vb = vb, va
-    a, b = plan.a(va), plan.b(vb)
-    shape = (max(a.shape[0], b.shape[0]), a.shape[1], b.shape[2])
-    if (into is not None and plan.images == "batched" and plan.perm == tuple(range(len(plan.perm)))
-            and into.shape == plan.shape and into.flags.c_contiguous and into.dtype == va.dtype):
-        matmul(a, b, into.reshape(shape))
-        return None
-    product = pool.empty(shape, va.dtype)
-    matmul(a, b, product)
-    if plan.images == "summed":
-        product = product.sum(axis=0)
-    return product.reshape(plan.shape).transpose(plan.perm)
-
-
-@dataclass(frozen=True)
-class _Operand:
-    """An operand's axes put in `perm` order and merged into (batch, rows, columns): a view
-    of it, or with `copy`, of a contiguous copy."""
-    perm: tuple[int, ...]
-    shape: tuple[int, int, int]
-    copy: bool
-
-    def __call__(self, v: np.ndarray) -> np.ndarray:
-        v = v.transpose(self.perm)
-        return (np.ascontiguousarray(v) if self.copy else v).reshape(self.shape)
-
-
-@dataclass(frozen=True)
-class _MatmulPlan:
-    swap: bool
-    a: _Operand
-    b: _Operand
-    images: str  # "batched": an axis of the output; "summed": one product per image, then summed
-    shape: tuple[int, ...]  # the product's letters, unmerged
-    perm: tuple[int, ...]  # from those letters to the output's
-
-
-@functools.lru_cache(maxsize=1024)
-def _matmul_plan(sa: str, shape_a, strides_a, sb: str, shape_b, strides_b, out: str) -> _MatmulPlan | None:
-    """How to compute einsum(f"{sa},{sb}->{out}") on operands of these shapes and strides as
-    BLAS matrix products, without copying the larger operand where its strides allow: each
-    operand's axes are grouped in memory order into (free, summed) matrices, batched over the
-    larger operand's outermost axis when grouping needs it (a convolution's image index), and
-    the operand holding the output's last letter goes right, so that the product's innermost
-    axis is the output's; a small product (a weight gradient) puts the operand with more free
-    points left, where BLAS runs faster (32x96 rows and columns, summing 3844: 73-89 against
-    100 GFLOP/s). A small operand is copied where that saves batching. None where einsum must
-    do it: letters in both operands and the output, or repeated."""
-    summed = [c for c in sa if c in sb and c not in out]
-    free_a, free_b = [c for c in sa if c not in sb], [c for c in sb if c not in sa]
-    if sorted(free_a + free_b) != sorted(out) or len(set(sa + sb)) != len(free_a + free_b + summed):
-        return None
-    a, b = (sa, shape_a, strides_a), (sb, shape_b, strides_b)
-    size = dict(zip(sa, shape_a)) | dict(zip(sb, shape_b))
-    rows, cols = (math.prod(size[c] for c in free) for free in (free_a, free_b))
-    swap = rows < cols if rows * cols <= SMALL_PRODUCT else bool(out) and out[-1] in sa
-    if swap:
-        a, b, free_a, free_b = b, a, free_b, free_a
-    big, small = (a, b) if math.prod(a[1]) >= math.prod(b[1]) else (b, a)
-
-    def memory_order(operand, letters) -> list[str]:
-        subs, _, strides = operand
-        return sorted(letters, key=lambda c: -abs(strides[subs.index(c)]))
-
-    summed = memory_order(big, summed)
-    free_a, free_b = memory_order(a, free_a), memory_order(b, free_b)
-    outer = memory_order(big, big[0])[0] if big[0] else None
-
-    def operand(o, groups, copy: str) -> _Operand | None:
-        """`o` as (batch, rows, columns) from its letters in `groups`; `copy`: "never", "if
-        needed" (where the groups' axes do not merge) or "always"."""
-        subs, shape, strides = o
-        groups = [[c for c in groups[0] if c in subs], *groups[1:]]
-        order = [c for group in groups for c in group]
-        copied = copy == "always" or not _mergeable(subs, shape, strides, groups)
-        if copied and copy == "never":
-            return None
-        return _Operand(tuple(subs.index(c) for c in order),
-                        tuple(math.prod(size[c] for c in group) for group in groups), copied)
-
-    def layout(batch, copy_small, copy_big="never"):
-        fa, fb, s = ([c for c in x if c not in batch] for x in (free_a, free_b, summed))
-        oa = operand(a, [batch, fa, s], copy_small if a is small else copy_big)
-        ob = operand(b, [batch, s, fb], copy_small if b is small else copy_big)
-        return None if oa is None or ob is None else (oa, ob, batch, fa, fb)
-
-    # views beat a copy, except that a small operand is cheaper to copy than the product to batch
-    tries = [([], "never"), ([], "if needed")] if math.prod(small[1]) <= SMALL_PRODUCT else [([], "never")]
-    if outer is not None and size[outer] > 1:
-        tries += [([outer], "never"), ([outer], "if needed")]
-    found = next(filter(None, (layout(batch, copy) for batch, copy in tries)), None)
-    # else the larger operand is copied as well
-    oa, ob, batch, free_a, free_b = found or layout([], "if needed", "if needed")
-    letters = free_a + free_b
-    images = "summed" if batch and batch[0] not in out else "batched"
-    if batch and images == "batched":
-        letters = batch + letters
-    return _MatmulPlan(swap, oa, ob, images, tuple(size[c] for c in letters),
-                       tuple(letters.index(c) for c in out))
-
-
-def _mergeable(subs: str, shape, strides, groups: list[list[str]]) -> bool:
-    """Whether each group of letters' axes merge into one axis without a copy."""
-    for group in groups:
-        axes = [subs.index(c) for c in group if shape[subs.index(c)] != 1]
-        if any(strides[x] != strides[y] * shape[y] for x, y in zip(axes, axes[1:])):
-            return False
-    return True
 
 
 def _view(array, index, env, ranges, letters):

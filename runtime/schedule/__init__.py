@@ -1,15 +1,25 @@
-"""Schedule passes: pure Loops -> Loops rewrites of the nests runtime/lower.py builds, one per file.
+"""Schedule passes: pure Loops -> Loops rewrites of the nests runtime/lower.py builds, one per file,
+and the schedule decisions that the gather loop nests (runtime/gathers.py) still follow while they
+print text.
 
-In the order the forward reductions run them (runtime/codegen.py):
-* `parallel.py`, `choose_parallel`: which loop of a nest runs in parallel (`parallel_dim`).
+Passes, in the order the forward reductions run them (runtime/kernels.py):
+* `parallel.py`, `choose_parallel`: which loop of a nest runs in parallel (`parallel_dim`); also
+  on a gradient's gather nest that has no box, phases or separable window.
 * `rows.py`, `interchange_rows`: a reduction whose reads walk the output's last dimension runs a
   row at a time, that loop inside the reduction's.
 * `accumulate.py`, `split_accumulators`: a long reduction or gather window over a contiguous
   axis as LANES partial results (also for the gathers' pieces).
 
-`boundary.py` is the analysis that splits a gather loop nest into an interior box, the regions
-around it and phases of a strided dimension, and finds separable windows (`interior`, `Split`);
-runtime/gathers.py still writes the loops it decides.
+Decisions, pure functions of the IR, each tested on data:
+* `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the
+  phases of a strided dimension, and its separable window (`Split`); `cut_dims`.
+* `phases.py`, `pointwise_phases`: a pointwise forward definition run in phases like a gather.
+* `separable.py`, `separable_window`: whether the separable window runs as two passes.
+* `corners.py`, `tabled_points`: lone points whose gathers are constant taps, run from tables.
+* `hoist.py`, `hoist_loads`: the loads an iteration reads once, at its top.
+* `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time.
+* `stage.py`, `stage_depth`: two adjoints run a plane at a time together.
+* `rfactor.py`, `split_reduction`: a long reduction to one point as parallel partial results.
 
 Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
 was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the

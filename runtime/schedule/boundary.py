@@ -476,3 +476,19 @@ def _drop_single_loops(p: GatherPiece, box: Box) -> GatherPiece | None:
 
 
 __all__ = ["interior"]
+
+
+def cut_dims(vars_, shape, split: Split | None) -> list[int]:
+    """The dimensions that the split's box or phases cut."""
+    if split is None:
+        return []
+    return [d for d, v in enumerate(vars_) if v in split.box and (split.box[v] != (0, shape[d] - 1) or v in split.phased)]
+
+
+def box_ranges(vars_, shape, split: Split) -> dict[Var, tuple[int, int]]:
+    """Inclusive ranges of the gather variables and the phase variables inside the box."""
+    ranges = {v: split.box.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+    for j, stride, q in zip(split.phased, split.strides, split.phase_vars, strict=True):
+        lo, hi = split.box[j]
+        ranges[q] = (lo // stride, (hi + 1) // stride - 1)
+    return ranges

@@ -25,6 +25,14 @@ def parallel_dim(shape: tuple[int, ...], terms: float = 1) -> int | None:
     return next((d for d, n in enumerate(shape) if n > 1), None)
 
 
+def region_parallel(ranges: dict) -> bool:
+    """Whether a region around a gather loop nest's box (boundary.py: its inclusive `ranges`, one
+    per variable) runs its loop over the parallel dimension in parallel: not a thin one (an edge
+    row of one image), under parallel_min_points points. A region that runs inside the box's
+    loop (a plane's edge columns, beside each row) is serial whatever its size."""
+    return math.prod(hi - lo + 1 for lo, hi in ranges.values()) >= parallel_min_points()
+
+
 def perfect_loops(s: Stmt) -> list[For]:
     """The loops of the perfect nest `s` opens: each the only statement of the one before."""
     out = []

@@ -1,5 +1,7 @@
 """interchange_rows: a sum or product whose reads walk memory with the output's last dimension runs
-a row at a time, that dimension's loop inside the reduction's loops.
+a row at a time, that dimension's loop inside the reduction's loops. The gradient's version:
+`gathers_by_rows` (whether an adjoint's windows run so) and `column_blocks` (how a 1-D one run so
+splits into blocks of columns that run in parallel), which runtime/gathers.py follows.
 
 Point by point, the reduction would stride across rows for every element of the output (a mean
 over the channels of NCHW ran 6x slower than numpy). Each element still takes its terms in
@@ -10,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from halide_ad.ir import Load
+from halide_ad.ir import Expr, Load
 from halide_ad.runtime.loops import Accumulate, Allocate, Element, For, If, Kind, Let, Local, Stmt, Store, block
 from halide_ad.runtime.schedule.accumulate import unit_stride
-from halide_ad.runtime.schedule.parallel import perfect_loops
+from halide_ad.runtime.schedule.parallel import parallel_min_points, perfect_loops
 from halide_ad.traverse import free_vars, walk
 
 
@@ -77,3 +79,36 @@ def _walks_rows(last: For, chain: list[For], step: Accumulate) -> bool:
     return (step.op in ("sum", "prod") and bool(chain) and last.kind is Kind.SERIAL and last.hi - last.lo >= 2
             and unit_stride(step.value, last.var)
             and not any(n.index and free_vars(n.index[-1]) & rvars for n in walk(step.value) if isinstance(n, Load)))
+
+
+def gathers_by_rows(vars_, shape, gathers) -> bool:
+    """Whether an adjoint's windows run with its last variable's loop innermost
+    (`gathers.emit_row_gathers`): the windows' reads walk memory with that variable, none with a
+    window variable, no guard and no window bound depends on it. A layer norm's gain gradient,
+    `adj_g[j] += adj_y[i, j] * xhat[i, j]` over i, walked every column across 4096 rows."""
+    if not vars_ or shape[-1] < 2:
+        return False
+    last, pieces = vars_[-1], [p for g in gathers for p in g.pieces]
+    windows = [p for p in pieces if p.loops]
+    if not windows or any(c for p in pieces for level in p.guards for c in level):
+        return False
+    if any(isinstance(b, Expr) and last in free_vars(b) for p in windows for loop in p.loops
+           for b in (loop.lo, loop.hi)):
+        return False
+    return any(unit_stride(p.value, last) for p in windows) and not any(
+        n.index and free_vars(n.index[-1]) & {loop.var for loop in p.loops}
+        for p in windows for n in walk(p.value) if isinstance(n, Load))
+
+
+COLUMN_BLOCK = 128  # the fewest columns a thread takes of a 1-D adjoint run a row at a time
+COLUMN_BLOCKS = 16  # the most blocks it splits into (parallel_for hands them to the threads)
+
+
+def column_blocks(shape: tuple[int, ...], terms: float) -> int | None:
+    """How many blocks of columns a 1-D adjoint run a row at a time splits into, to run in
+    parallel; None for serial (short, or not 1-D: those run in parallel over their rows). Each
+    column adds its terms in the same order either way, so the bits do not change. A layer
+    norm's gain gradient (4096 rows of 1024) ran on one thread."""
+    if len(shape) != 1 or shape[0] < 2 * COLUMN_BLOCK or terms < parallel_min_points():
+        return None
+    return min(shape[0] // COLUMN_BLOCK, COLUMN_BLOCKS)

@@ -1,18 +1,19 @@
-"""BLAS contractions: `_matmul` against numpy's einsum on the layouts contractions produce
-(transposed and strided views, size-1 and empty axes, stacked taps), and convolution gradients
-whose taps go through im2col / col2im against finite differences."""
+"""BLAS contractions: `einsum_matmul` (engines/matmuls.py) against numpy's einsum on the layouts
+contractions produce (transposed and strided views, size-1 and empty axes, stacked taps), and
+convolution gradients whose taps go through im2col / col2im against finite differences."""
 import itertools
 import re
 
 import numpy as np
 import pytest
 from halide_ad.runtime import parallel
-from halide_ad.runtime.engines.blas import (SMALL_PRODUCT, BlasPlan, _Lazy, _matmul, _matmul_plan, _Plan,
-                                         _Shifted, _stand_in, _unwritten)
+from halide_ad.runtime.engines.blas import BlasPlan, _unwritten
+from halide_ad.runtime.engines.blas_plan import Lazy, Plan, Shifted, stand_in
+from halide_ad.runtime.engines.matmuls import SMALL_PRODUCT, einsum_matmul, matmul_plan
 
 import halide_ad as hd
 from halide_ad.runtime import route
-from halide_ad.runtime.engines import blas
+from halide_ad.runtime.engines import blas, matmuls
 
 CASES = [  # (a subscripts, b subscripts, out subscripts, sizes)
     ("ik", "kj", "ij", dict(i=5, j=7, k=3)),
@@ -43,7 +44,7 @@ def test_matmul_equals_einsum(sa, sb, out, sizes, layout):
         return big[tuple(slice(1, 1 + 2 * n, 2) for n in shape)]
 
     va, vb = operand(sa), operand(sb)
-    np.testing.assert_allclose(_matmul(va, sa, vb, sb, out), np.einsum(f"{sa},{sb}->{out}", va, vb),
+    np.testing.assert_allclose(einsum_matmul(va, sa, vb, sb, out), np.einsum(f"{sa},{sb}->{out}", va, vb),
                                rtol=1e-12, atol=1e-12)
 
 
@@ -56,14 +57,14 @@ def test_matmul_reads_a_large_operand_in_place():
     dy = rng.standard_normal((2, 8, 70, 70))  # n k i j
     xs = rng.standard_normal((2, 3, 4, 72, 70))[:, :, :, 1:71]  # n s c i j: a row tap's view of a stack
     assert dy.size > SMALL_PRODUCT
-    plan = _matmul_plan("nkij", dy.shape, dy.strides, "nscij", xs.shape, xs.strides, "ksc")
+    plan = matmul_plan("nkij", dy.shape, dy.strides, "nscij", xs.shape, xs.strides, "ksc")
     assert not plan.a.copy and not plan.b.copy and plan.images == "summed"
-    np.testing.assert_allclose(_matmul(dy, "nkij", xs, "nscij", "ksc"), np.einsum("nkij,nscij->ksc", dy, xs),
+    np.testing.assert_allclose(einsum_matmul(dy, "nkij", xs, "nscij", "ksc"), np.einsum("nkij,nscij->ksc", dy, xs),
                                rtol=1e-10, atol=1e-10)
     w = rng.standard_normal((8, 4, 3))  # k c s: small, so copied into the order one product needs
-    plan = _matmul_plan("kcs", w.shape, w.strides, "nscij", xs.shape, xs.strides, "nkij")
+    plan = matmul_plan("kcs", w.shape, w.strides, "nscij", xs.shape, xs.strides, "nkij")
     assert plan.images == "batched" and (plan.a.copy or plan.b.copy)
-    np.testing.assert_allclose(_matmul(w, "kcs", xs, "nscij", "nkij"), np.einsum("kcs,nscij->nkij", w, xs),
+    np.testing.assert_allclose(einsum_matmul(w, "kcs", xs, "nscij", "nkij"), np.einsum("kcs,nscij->nkij", w, xs),
                                rtol=1e-10, atol=1e-10)
 
 
@@ -194,11 +195,11 @@ def test_strided_input_gradient_is_a_product_per_tap_and_a_gather(shape, stride,
 def test_copies_run_in_rounds_after_what_they_read():
     """The fills and copies into a temporary come before the copies that read it (a padded
     operand, then its stacked windows): each round runs in parallel."""
-    plan = _Plan("out")
+    plan = Plan("out")
     padded = plan.temporary((2, 6), np.float32)
     stacked = plan.temporary((2, 3, 4), np.float32)
     other = plan.temporary((2, 4), np.float32)
-    x = _Lazy("x", (), _stand_in((2, 4), np.float32))
+    x = Lazy("x", (), stand_in((2, 4), np.float32))
     plan.copy(padded[:, :1], None)
     plan.copy(padded[:, 5:], None)
     plan.copy(padded[:, 1:5], x)
@@ -216,9 +217,9 @@ def test_a_shifted_window_copies_what_it_overlaps_and_zeroes_the_rest(offset):
     inside the operand with its value, outside with 0, including a window wholly outside."""
     x = np.arange(1, 61, dtype=np.float32).reshape(2, 5, 6)
     shape = (3, 4, 7)
-    plan = _Plan("out")
+    plan = Plan("out")
     dst = plan.temporary(shape, np.float32)
-    plan.copy_shifted(dst, _Shifted(_Lazy("x", (), _stand_in(x.shape, x.dtype)), offset, shape))
+    plan.copy_shifted(dst, Shifted(Lazy("x", (), stand_in(x.shape, x.dtype)), offset, shape))
     sources = {"x": x, 0: np.full(shape, np.nan, np.float32)}
     plan.run_copies(sources)
     padded = np.pad(x, 10)
@@ -441,8 +442,8 @@ def test_row_taps_of_an_input_gradient_are_rows_of_one_product(dtype, fresh_plan
     out, vjp_fn = hd.vjp(lambda x, w: conv(x, w, 1), x, w)
     ct = rng.standard_normal(out.shape).astype(dtype)
     rows = []
-    real = blas._matmul
-    monkeypatch.setattr(blas, "_matmul", lambda va, sa, vb, sb, so, into=None: rows.append(len(so)) or
+    real = matmuls.einsum_matmul
+    monkeypatch.setattr(matmuls, "einsum_matmul", lambda va, sa, vb, sb, so, into=None: rows.append(len(so)) or
                         real(va, sa, vb, sb, so, into))
     gx, gw = vjp_fn(ct)
     assert sorted(rows) == [3, 3, 3, 5], rows  # adj_w: 3 products (k, c, s); adj_x: 1 (n, c, r, i, j)

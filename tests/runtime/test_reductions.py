@@ -246,9 +246,9 @@ def test_a_gradient_summing_over_a_row_adds_lanes(rng, columns):
 def test_a_one_dimensional_gradient_summed_down_columns_runs_blocks_of_columns(rng, monkeypatch):
     """A gain's gradient sums down its columns: blocks of columns run in parallel, each column
     in the same order as on one thread, so the bits equal the serial kernel's."""
-    from halide_ad.runtime import gathers
+    from halide_ad.runtime.schedule import rows
     monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
-    x = rng.standard_normal((64, 3 * gathers.COLUMN_BLOCK + 5)).astype(np.float32)
+    x = rng.standard_normal((64, 3 * rows.COLUMN_BLOCK + 5)).astype(np.float32)
     g, b = rng.standard_normal((2, x.shape[1])).astype(np.float32)
     ct = rng.standard_normal(x.shape).astype(np.float32)
     source = hd.explain(_layer_norm, x, g, b).backward_source
@@ -256,7 +256,7 @@ def test_a_one_dimensional_gradient_summed_down_columns_runs_blocks_of_columns(r
     blocked = hd.vjp(_layer_norm, x, g, b)[1](ct)[1]
     xhat = (x - x.mean(1, keepdims=True, dtype=np.float64)) / np.sqrt(x.var(1, keepdims=True, dtype=np.float64) + 1e-5)
     np.testing.assert_allclose(blocked, (ct * xhat).sum(0), rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(gathers, "_column_blocks", lambda shape, terms: None)
+    monkeypatch.setattr(rows, "column_blocks", lambda shape, terms: None)
     serial = hd.vjp(hd.func(lambda x, g, b: ops.layer_norm(x, g, b)), x, g, b)[1](ct)[1]
     np.testing.assert_array_equal(blocked, serial)
 

@@ -1,39 +1,38 @@
-"""IR -> the loop nests of a kernel, for runtime/emit.py to print as the Python numba compiles.
+"""The kernels' two entry points: IR -> the loop nests of a kernel, for runtime/emit.py to print as
+the Python numba compiles.
 
 `emit_forward` builds one function that fills every Func's buffer, stage after stage;
 `emit_backward` one that fills every adjoint: a gather loop nest per adjoint (one writer per
 element, parallel over the outermost useful dimension; runtime/gathers.py), then any fallback
-scatters. Two adjoints may run a plane at a time together (`_stage_depth`).
+scatters. Two adjoints may run a plane at a time together (`schedule.stage.stage_depth`).
 
-Being moved into passes (issue 27): every forward nest but the phased ones (pointwise, sums and
-products, max and min, argmax and argmin), a gather's pieces and the fallback scatters come from
-runtime/lower.py, scheduled by the passes of runtime/schedule/ (`choose_parallel`,
-`interchange_rows`, `split_accumulators`). The phased forward nests, the gather loop nests
-(runtime/gathers.py) and the staging here still decide their schedule while they write their
-statements as text lines into a Writer, with the loops around them as For nodes, so that
-emit.py outlines every parallel loop from the nest.
+Every forward nest but the phased ones (pointwise, sums and products, max and min, argmax and
+argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
+passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`). The
+phased forward nests, the gather loop nests (runtime/gathers.py) and the staging here follow the
+decisions of runtime/schedule/ (`interior`, `pointwise_phases`, `separable_window`, `tabled_points`, `hoist_loads`,
+`gathers_by_rows`, `column_blocks`, `stage_depth`) while they write their statements as text
+lines into a Writer, with the loops around them as For nodes, so that emit.py outlines every
+parallel loop from the nest.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import replace
-
 from halide_ad import config
-from halide_ad.ir import (Bin, Cast, Const, Func, Load, Op, Program, Range, Reduce, Var, INDEX_DTYPE, adjoint_name,
-                          argindex_name, dtype_of, is_float)
+from halide_ad.ir import Func, Load, Program, Reduce, adjoint_name, argindex_name
 from halide_ad.show import show_func
-from halide_ad.solver import Gather, GatherPiece
-from halide_ad.solver.bounds import checked_at_run_time
+from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.gathers import (cut_dims, emit_gather, emit_row_gathers, emit_scatter, gather_terms, gathers_by_rows,
-                                       open_loop, split_loop_nest, weighted_sums, wide_gathers)
-from halide_ad.runtime.schedule import Split, interior, piece_exprs
+from halide_ad.runtime.gathers import (emit_gather, emit_row_gathers, emit_scatter, gather_terms, open_loop,
+                                       split_loop_nest, weighted_sums, wide_gathers)
+from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
-from halide_ad.runtime.schedule.rows import interchange_rows
+from halide_ad.runtime.schedule.phases import as_gather, pointwise_phases
+from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
+from halide_ad.runtime.schedule.stage import stage_depth
 from halide_ad.runtime.writer import Writer
-from halide_ad.traverse import flat_index, free_vars, simplify, substitute, walk
+from halide_ad.traverse import flat_index
 
 
 def settings() -> tuple:
@@ -57,7 +56,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     for f in funcs:
         w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
         depth = w.depth
-        if (split := _pointwise_phases(f)) is not None:
+        if (split := pointwise_phases(f)) is not None:
             _emit_phased(w, em, f, split)
         elif not isinstance(f.body, Reduce):
             w.add(emit.resolve(schedule.run(choose_parallel, lower.pointwise(f)), em))
@@ -76,82 +75,13 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     return _function(em, entry), list(em.used), em.checks
 
 
-def _pointwise_phases(f: Func) -> Split | None:
-    """How to run a pointwise definition that reads through quotients or parities of its
-    innermost variables (`x[i // 2]`, a 2x upsampling; a bilinear weight's `i % 2 == 0`): split
-    as the gradient's gathers are (runtime/schedule/boundary.py), those dimensions in phases j = s*q + p,
-    in each of which every quotient is q + a constant and every parity test is decided, so that
-    the loads are unit-stride and the loop vectorizes. None where there are no phases to run."""
-    if isinstance(f.body, Reduce) or not f.vars or not any(
-            isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const)
-            and f.vars[-1] in free_vars(n.lhs) for n in walk(f.body)):
-        return None  # phases start from the innermost dimension: without its quotient, no schedule to ask
-    split = interior(f.vars, f.shape, [_as_gather(f)])
-    if split is None or not split.phased:
-        return None
-    gathers = [g for gs in split.phases.values() for g in gs] + [g for _, gs in split.outside for g in gs]
-    if any(len(g.pieces) != 1 or g.pieces[0].loops or any(g.pieces[0].guards) for g in gathers):
-        return None
-    return split
-
-
-def _as_gather(f: Func) -> Gather:
-    """A pointwise definition as a gather of one term, which the schedule splits as it does
-    the gradient's."""
-    return Gather(None, f.vars, (GatherPiece((), ((),), f.body, ()),))
-
-
 def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
     def body(gs, at=None, terms=(), terms_dtype=None):
         index = tuple((at or {}).get(v, v) for v in f.vars)
         values = [em.expr(p.value) for g in gs for p in g.pieces] + weighted_sums(em, list(terms), f.dtype)
         w.line(f"{em.index(f.name, index, f.name)} = {' + '.join(values)}")
 
-    split_loop_nest(w, em, f.vars, f.shape, split, body, [_as_gather(f)], f.name)
-
-
-MAX_PARTS = 16  # partial results of a reduction to one point (`split_reduction`)
-
-
-def split_reduction(f: Func, taken: set[str]) -> tuple[Func, Func] | None:
-    """A long sum or product to one point (a loss) as partial results over MAX_PARTS or fewer
-    equal chunks of its first reduction variable whose extent they divide, a Func of their own
-    whose points run in parallel, then their combination (Halide's rfactor). None where `f`'s
-    points already run in parallel, or no chunking fits. The chunks are fixed by the extents, so
-    the result does not depend on the thread count; float32 partials are float64."""
-    r = f.body
-    if (not isinstance(r, Reduce) or r.op not in ("sum", "prod") or not is_float(f.dtype)
-            or parallel_dim(f.shape, lower.terms(r)) is not None
-            or math.prod(f.shape) * lower.terms(r) < parallel_min_points()):
-        return None
-    for k, rv in enumerate(r.rvars):
-        extent = rv.hi - rv.lo
-        parts = next((n for n in range(min(MAX_PARTS, extent // 2), 1, -1) if extent % n == 0), None)
-        if parts is not None:
-            break
-    else:
-        return None
-    names = {n.name for n in walk(r) if isinstance(n, Var)} | {v.name for v in f.vars} | taken
-
-    def fresh(base: str) -> str:
-        while base in names:
-            base += "_"
-        names.add(base)
-        return base
-
-    part, inner = Var(fresh(f"{rv.var.name}_part")), Var(fresh(f"{rv.var.name}_in"))
-    size = extent // parts
-    at = {rv.var: Bin(Op.ADD, Bin(Op.ADD, Bin(Op.MUL, part, Const(size, INDEX_DTYPE)), inner),
-                      Const(rv.lo, INDEX_DTYPE))}
-    wide = "float64" if f.dtype == "float32" else f.dtype
-    body = simplify(substitute(r.body, at))
-    body = body if dtype_of(body) == wide else Cast(wide, body)
-    where = None if r.where is None else simplify(substitute(r.where, at))
-    rvars = r.rvars[:k] + (Range(inner, 0, size),) + r.rvars[k + 1:]
-    partial = Func(fresh(f"{f.name}_parts"), (part, *f.vars), (parts, *f.shape),
-                   Reduce(r.op, body, rvars, where, r.loc), wide, f.loc)
-    combined = Reduce(r.op, Load(partial.name, (part, *f.vars), wide), (Range(part, 0, parts),), None, r.loc)
-    return partial, replace(f, body=combined)
+    split_loop_nest(w, em, f.vars, f.shape, split, body, [as_gather(f)], f.name)
 
 
 def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset(),
@@ -161,7 +91,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
 
     `plans` are `AdjointPlan`s in order (outputs first), each adjoint's contributions inverted.
     `private` names the adjoints that only the next plan reads: such a pair may run one plane at
-    a time, the first adjoint's plane kept in a local array (`_stage_depth`). `temporaries`: the
+    a time, the first adjoint's plane kept in a local array (`schedule.stage.stage_depth`). `temporaries`: the
     names and shapes of buffers that earlier steps of the gradient filled and that no program
     buffer is the adjoint of (a strided convolution's products per tap).
     """
@@ -214,7 +144,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         plan = computed[k]
         name = adjoint_name(plan.adjoint.buffer)
         w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
-        depth = _stage_depth(computed, splits, gathers, k, private)
+        depth = stage_depth(computed, splits, gathers, k, private)
         if depth:
             _emit_staged(w, em, computed, k, depth, nest)
             k += 2
@@ -227,42 +157,9 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     return _function(em, entry), list(em.used), em.checks
 
 
-MAX_STAGE = 1 << 18  # elements of a staged adjoint's plane, per thread: L2-sized
-
-
-def _stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> int:
-    """How many leading dimensions adjoint k and the next one can loop over together, running
-    one plane of each per iteration, adjoint k's plane in a local array that the next one reads
-    while it is in cache, instead of a buffer written out and read back (the maxpool gradient
-    that a blur's gradient reads, in a blur -> relu -> maxpool pipeline); 0 where they cannot.
-    Adjoint k must be read by the next one only (`private`), the next one must read it at its
-    own leading variables, and both loop nests must leave those dimensions whole."""
-    if k + 1 >= len(computed):
-        return 0
-    producer, consumer = computed[k], computed[k + 1]
-    name = adjoint_name(producer.adjoint.buffer)
-    shape = consumer.adjoint.shape
-    if name not in private or any(len(p.contributions) != len(g) for p, g in zip(computed[k:k + 2], gathers[k:k + 2])):
-        return 0  # a fallback scatter runs as a loop nest of its own
-    depth = min([len(p.adjoint.shape) - (1 if s is None or s.separable is None else 2)  # a separable window's
-                 for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)]  # two passes need a plane
-                + [d for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)
-                   for d in cut_dims(p.new_vars, p.adjoint.shape, s)[:1]])
-    par = parallel_dim(shape)  # (depth is -1 for a 0-d adjoint)
-    if (depth <= 0 or par is not None and par >= depth or producer.adjoint.shape[:depth] != shape[:depth]
-            or parallel_dim(producer.adjoint.shape) != par or math.prod(producer.adjoint.shape[depth:]) > MAX_STAGE):
-        return 0
-    loads = [n for g in gathers[k + 1] for p in g.pieces for e in piece_exprs(p) for n in walk(e)
-             if isinstance(n, Load) and n.buffer == name]
-    if not loads or any(n.index[:depth] != consumer.new_vars[:depth] or any(map(checked_at_run_time, n.index))
-                        for n in loads):
-        return 0
-    return depth
-
-
 def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> None:
     """Adjoint k and the next one, a plane of each per iteration of their leading `depth`
-    dimensions, adjoint k's plane in a local array (see `_stage_depth`); `nest(k, opened)` emits
+    dimensions, adjoint k's plane in a local array (see `stage_depth`); `nest(k, opened)` emits
     adjoint k's loop nest inside loops already open."""
     producer, consumer = computed[k], computed[k + 1]
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype

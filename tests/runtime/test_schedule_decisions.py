@@ -1,0 +1,170 @@
+"""The schedule decisions that the gather loop nests follow (runtime/schedule/), on IR data: which
+loads an iteration hoists, which corners run from tables, when an adjoint runs a row at a time or
+in column blocks, when a separable window runs as two passes, how a long sum splits into parts,
+when a pointwise definition runs in phases; and choose_parallel on a nest the gathers wrote."""
+from __future__ import annotations
+
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Var
+from halide_ad.runtime.loops import Kind, Source, loops
+from halide_ad.runtime.schedule import Separable, Split
+from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
+from halide_ad.runtime.schedule.hoist import hoist_loads
+from halide_ad.runtime.schedule.boundary import box_ranges
+from halide_ad.runtime.schedule.parallel import choose_parallel, region_parallel
+from halide_ad.runtime.schedule.phases import pointwise_phases
+from halide_ad.runtime.schedule.rfactor import MAX_PARTS, split_reduction
+from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows
+from halide_ad.runtime.schedule.separable import MAX_SEPARABLE_TEMP, ring_rows, separable_window
+from halide_ad.runtime.writer import Writer
+from halide_ad.solver import Gather, GatherPiece
+from halide_ad.traverse import walk
+
+i, j, n, r = Var("i"), Var("j"), Var("n"), Var("r")
+
+
+def _plus(e, k: int):
+    return Bin(Op.ADD, e, Const(k, INDEX_DTYPE))
+
+
+def _times(*xs):
+    out = xs[0]
+    for x in xs[1:]:
+        out = Bin(Op.MUL, out, x)
+    return out
+
+
+def _gather(*pieces: GatherPiece, new_vars=(j,)) -> Gather:
+    return Gather(None, new_vars, pieces)
+
+
+def _piece(value, loops=(), guards=None) -> GatherPiece:
+    return GatherPiece(tuple(loops), guards if guards is not None else ((),) * (len(loops) + 1), value, ())
+
+
+def _x(*index, buffer="x"):
+    return Load(buffer, tuple(index), "float32")
+
+
+def test_hoist_loads_takes_the_loads_in_range_of_every_iteration_and_their_shared_indices():
+    shapes = {"x": (10,), "y": (10,), "adj_x": (10,)}
+    window = _piece(_times(_x(r), _x(j)), loops=[Range(r, 0, 3)])
+    plain = _piece(_times(_x(_plus(j, 1)), _x(_plus(j, 1), buffer="y"), _x(j, buffer="adj_x")))
+    shared, loads = hoist_loads([_gather(window, plain)], {j: (0, 8)}, shapes, "adj_x")
+    # x[r] moves with the window, adj_x is the buffer written; j + 1 is read twice
+    assert sorted(map(repr, loads)) == sorted(map(repr, [_x(j), _x(_plus(j, 1)), _x(_plus(j, 1), buffer="y")]))
+    assert shared == [_plus(j, 1)]
+    # at j = 9, x[j + 1] would read past the end: only x[j] is safe to read unguarded
+    shared, loads = hoist_loads([_gather(window, plain)], {j: (0, 9)}, shapes, "adj_x")
+    assert loads == [_x(j)] and shared == []
+
+
+def _corner(c: int, scales=(2.0, 0.5)) -> Gather:
+    taps = [_times(Const(s, "float32"), _x(n, Const(c, INDEX_DTYPE), Const(k, INDEX_DTYPE)))
+            for k, s in enumerate(scales)]
+    return _gather(*map(_piece, taps), new_vars=(n, i, j))
+
+
+def test_corners_whose_gathers_are_constant_taps_run_from_tables():
+    regions = [({i: (0, 0), j: (0, 0)}, [_corner(0)]), ({i: (0, 0), j: (9, 9)}, [_corner(1, (1.0, 1.0, 3.0))]),
+               ({i: (1, 8), j: (0, 0)}, [_corner(2)])]  # an edge, not a point
+    points = tabled_points(regions, (i, j), staged={})
+    assert [region for region, _ in points] == [regions[0][0], regions[1][0]]
+    assert [[scale for _, _, scale in taps] for _, taps in points] == [[2.0, 0.5], [1.0, 1.0, 3.0]]
+    assert all(lead == 1 for _, taps in points for _, lead, _ in taps)  # x[n, <constants>]
+    assert tabled_points(regions[:1], (i, j), staged={}) == []  # one point is not worth a table
+    assert tabled_points(regions, (i, j), staged={"x": (1, "stage0")}) == []  # x read a plane at a time
+
+
+def test_a_load_read_by_two_gathers_is_one_tap_and_a_guarded_piece_is_none():
+    load = _x(n, Const(0, INDEX_DTYPE))
+    twice = [_gather(_piece(_times(Const(2.0, "float32"), load))), _gather(_piece(load))]
+    assert constant_taps(twice) == [(load, 1, 3.0)]
+    guarded = _piece(load, guards=((Bin(Op.LT, n, Const(3, INDEX_DTYPE)),),))
+    assert constant_taps([_gather(guarded)]) is None
+    assert constant_taps([_gather(_piece(_x(n, j)))]) is None  # no constant index: not a corner's tap
+
+
+def test_gathers_run_by_rows_when_their_windows_walk_the_last_dimension():
+    down_columns = _gather(_piece(_times(_x(r, j, buffer="dy"), _x(r, j)), loops=[Range(r, 0, 64)]))
+    assert gathers_by_rows((j,), (256,), [down_columns])
+    along_rows = _gather(_piece(_x(j, r), loops=[Range(r, 0, 64)]))
+    assert not gathers_by_rows((j,), (256,), [along_rows])  # each read moves with the window
+    assert not gathers_by_rows((j,), (1,), [down_columns])  # one column
+    no_window = _gather(_piece(_x(j)))
+    assert not gathers_by_rows((j,), (256,), [no_window])
+    bounded_by_j = _gather(_piece(_x(r, j), loops=[Range(r, 0, j)]))
+    assert not gathers_by_rows((j,), (256,), [bounded_by_j])
+
+
+def test_column_blocks_split_only_a_long_one_dimensional_adjoint(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
+    assert column_blocks((1024,), 1024 * 64) == 1024 // COLUMN_BLOCK
+    assert column_blocks((1 << 20,), 1 << 26) == COLUMN_BLOCKS
+    assert column_blocks((2 * COLUMN_BLOCK - 1,), 1 << 26) is None  # too short for two blocks
+    assert column_blocks((64, 1024), 1 << 26) is None  # rows run in parallel instead
+    assert column_blocks((1024,), 100) is None  # too little work for threads
+
+
+def test_a_separable_window_runs_as_two_passes_outside_the_parallel_plane():
+    src = _x(n, i, j)
+    three = ((-1, 0.25), (0, 0.5), (1, 0.25))
+    split = Split(box={i: (1, 62), j: (1, 62)}, inside=[],
+                  separable=Separable(src, 1, 1, rows=three, cols=three))
+    assert ring_rows(split) == 4  # rows -1 .. 1: the next power of two
+    assert separable_window(split, (8, 64, 64), first=1, par=0)
+    assert not separable_window(split, (8, 64, 64), first=1, par=1)  # a ring per thread
+    assert not separable_window(split, (8, 64, MAX_SEPARABLE_TEMP), first=1, par=0)  # the ring would not fit
+    assert not separable_window(Split(box={}, inside=[]), (8, 64, 64), first=1, par=0)
+
+
+def test_split_reduction_sums_a_long_loss_in_parts(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
+    loss = Func("loss", (), (), Reduce("sum", _x(r), (Range(r, 0, 4096),)), "float32")
+    partial, combined = split_reduction(loss, set())
+    assert partial.shape == (MAX_PARTS,) and partial.dtype == "float64"  # float32 partials are float64
+    assert partial.body.rvars[0].hi - partial.body.rvars[0].lo == 4096 // MAX_PARTS
+    assert combined.body == Reduce("sum", Load(partial.name, (partial.vars[0],), "float64"),
+                                   (Range(partial.vars[0], 0, MAX_PARTS),), None)
+    prime = Func("loss", (), (), Reduce("sum", _x(r), (Range(r, 0, 4099),)), "float32")
+    assert split_reduction(prime, set()) is None  # no chunking divides 4099
+    short = Func("loss", (), (), Reduce("sum", _x(r), (Range(r, 0, 512),)), "float32")
+    assert split_reduction(short, set()) is None  # below the parallel threshold
+
+
+def test_an_upsampling_runs_in_phases_and_a_plain_pointwise_definition_does_not():
+    half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
+    up = Func("up", (i, j), (4, 16), Load("x", (i, half), "float32"), "float32")
+    split = pointwise_phases(up)
+    assert split is not None and split.phased == (j,) and split.strides == (2,)
+    # j = 2q + p: in both phases j // 2 is q, a unit-stride read
+    assert sorted(split.phases) == [(0,), (1,)]
+    for gathers in split.phases.values():
+        (load,) = [n for n in walk(gathers[0].pieces[0].value) if isinstance(n, Load)]
+        assert load.index == (i, split.phase_vars[0])
+    assert pointwise_phases(Func("same", (i, j), (4, 16), _x(i, j), "float32")) is None
+
+
+def test_a_nest_written_as_lines_gets_its_parallel_loop_from_choose_parallel(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
+    w = Writer()
+    w.line("# before")
+    start = len(w.ops)
+    w.loop("n", 0, 1)
+    w.loop("c", 0, 8)
+    w.loop("i", 0, 16)
+    w.line("acc = x[n, c, i]")
+    w.line("out[n, c, i] = acc")
+    w.depth = 0
+    w.rewrite(start, lambda nest: choose_parallel(nest.body[0]))
+    tree = w.tree()
+    assert [loop.kind for loop in loops(tree)] == [Kind.SERIAL, Kind.PARALLEL, Kind.SERIAL]  # c: the first longer than 1
+    assert isinstance(tree.body[0], Source) and tree.body[0].text == "# before"
+
+
+def test_thin_regions_run_serially_and_the_box_ranges_name_the_phase_variables(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
+    assert region_parallel({n: (0, 7), i: (0, 0), j: (1, 8)})  # 8 images' edge rows: 64 points
+    assert not region_parallel({n: (0, 0), i: (0, 0), j: (1, 8)})  # one image's: 8
+    q = Var("q")
+    split = Split(box={i: (1, 14), j: (2, 13)}, inside=[], phased=(j,), strides=(2,), phase_vars=(q,))
+    assert box_ranges((n, i, j), (4, 16, 16), split) == {n: (0, 3), i: (1, 14), j: (2, 13), q: (1, 6)}
