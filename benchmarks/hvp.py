@@ -16,7 +16,7 @@ reverse to float32 rounding.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -153,7 +153,9 @@ def run_hvp(*, small: bool, repeat: int, peer_names: Sequence[str]) -> list[HvpR
 def _differs(got: np.ndarray, want: np.ndarray) -> str | None:
     scale = np.abs(want).max()
     difference = np.abs(got - want).max()
-    return None if difference <= 1e-4 * scale else f"max abs difference {difference:.3g} (largest entry {scale:.3g})"
+    if difference <= 1e-4 * scale:
+        return None
+    return f"max abs difference {difference:.3g} (largest entry {scale:.3g})"
 
 
 def hvp_table(rows: list[HvpRow]) -> list[str]:
@@ -173,7 +175,8 @@ def hvp_table(rows: list[HvpRow]) -> list[str]:
             ours_of_kind = seconds.get(("halide_ad", "gradient")) if r.what == "gradient" else ours
             cells += [f"{r.seconds * 1e3:.3g} ms",
                       "–" if r.what == "gradient" or not gradient else f"{r.seconds / gradient:.2f}",
-                      "–" if not ours_of_kind or r.library == "halide_ad" else f"{r.seconds / ours_of_kind:.2f}",
+                      "–" if not ours_of_kind or r.library == "halide_ad"
+                      else f"{r.seconds / ours_of_kind:.2f}",
                       f"✗ {r.mismatch}" if r.mismatch else "ok"]
         lines.append("| " + " | ".join(cells) + " |")
     gradient = seconds.get(("halide_ad", "gradient"))

@@ -157,7 +157,8 @@ def lbfgs(u, observed, iterations: int) -> tuple[list[float], np.ndarray] | None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a 64x64 image and fewer iterations")
     parser.add_argument("--size", type=int, help="image side (default 256, 64 with --quick)")
     parser.add_argument("--plot", help="write a plot of the energy per iteration to this file (matplotlib)")

@@ -35,7 +35,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 import numpy as np
 
-from halide_ad.api import Function, _cotangents, as_function, func, vjp
+from halide_ad.api import _cotangents, as_function
+from halide_ad.derived import flatten as _flatten
+from halide_ad.derived import gradient_program
 
 __all__ = ["function", "wrap"]
 
@@ -43,28 +45,6 @@ __all__ = ["function", "wrap"]
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
     """The tensor's data as numpy, sharing memory when `t` is a contiguous CPU tensor."""
     return t.detach().cpu().contiguous().numpy()
-
-
-def _flatten(obj) -> tuple[list[np.ndarray], object]:
-    """(leaves, rebuild) for an array or a tuple/list/dict of arrays (halide_ad's outputs)."""
-    if isinstance(obj, np.ndarray):
-        return [obj], lambda leaves: leaves[0]
-    if isinstance(obj, (tuple, list)):
-        parts = [_flatten(x) for x in obj]
-        kind = type(obj)
-
-        def rebuild(leaves):
-            out, k = [], 0
-            for leaves_part, rb in parts:
-                out.append(rb(leaves[k:k + len(leaves_part)]))
-                k += len(leaves_part)
-            return kind(out)
-        return [leaf for p in parts for leaf in p[0]], rebuild
-    if isinstance(obj, dict):
-        keys = list(obj)
-        leaves, rebuild_values = _flatten([obj[k] for k in keys])
-        return leaves, lambda ls: dict(zip(keys, rebuild_values(ls), strict=True))
-    raise TypeError(f"halide_ad.torch: unexpected output of type {type(obj).__name__}")
 
 
 def _from_numpy(a: np.ndarray, device: torch.device | None) -> torch.Tensor:
@@ -111,7 +91,7 @@ class HalideFunction(torch.autograd.Function):
                        if need and name in ctx.traced.float_args)
         grads = [None] * len(args)
         if needed and torch.is_grad_enabled():  # create_graph: a differentiable gradient
-            program = function(_gradient_program(ctx.fn, needed, len(args)))
+            program = function(gradient_program(ctx.fn, needed, len(args)))
             for k, g in zip(needed, program(*args, *grad_outputs), strict=True):
                 grads[k] = g
         elif needed:
@@ -122,26 +102,6 @@ class HalideFunction(torch.autograd.Function):
             for k in needed:
                 grads[k] = _from_numpy(by_position[k], ctx.devices[k])
         return (None, None, *grads)
-
-
-@functools.lru_cache(maxsize=256)
-def _gradient_program(fn: Function, needed: tuple[int, ...], count: int) -> Function:
-    """An `@hd.func` of fn's `count` arguments and its outputs' cotangents (flat) that returns the
-    gradients of the arguments at `needed`; the others are constants of it."""
-    def gradient(*args_and_cotangents):
-        args, cotangents = list(args_and_cotangents[:count]), args_and_cotangents[count:]
-
-        def of_needed(*xs):
-            full = list(args)
-            for k, x in zip(needed, xs, strict=True):
-                full[k] = x
-            return fn(*full)
-
-        _, vjp_fn = vjp(of_needed, *(args[k] for k in needed))
-        return tuple(vjp_fn(cotangents[0] if len(cotangents) == 1 else cotangents))
-
-    gradient.__name__ = f"grad_{getattr(fn.fn, '__name__', 'fn')}"
-    return func(gradient)
 
 
 def function(fn):
