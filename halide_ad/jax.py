@@ -1,4 +1,4 @@
-"""JAX integration: an `@hd.func` as a `jax.custom_vjp` function.
+"""JAX integration: an `@hd.func` as a JAX primitive, differentiable in every mode and order.
 
     import halide_ad as hd
     import halide_ad.jax as hd_jax
@@ -9,6 +9,7 @@
     conv = hd_jax.function(conv2d)
     loss = lambda x, w: jnp.sum(conv(x, w) ** 2)
     dw = jax.grad(loss, argnums=1)(x, w)        # also under jax.jit and jax.vmap
+    h = jax.hessian(loss)(x, w)                 # and jax.jvp, jax.jacfwd, ...
 
 A wrapped op is a JAX primitive whose every rule is another halide_ad program, run on the host
 through `jax.pure_callback`:
