@@ -60,6 +60,7 @@ def gradient_program(fn: Function, needed: tuple[int, ...], count: int) -> Funct
                 full[k] = x
             return fn(*full)
 
+        of_needed.__name__ = _name(fn)  # (errors name the user's function)
         out, vjp_fn = vjp(of_needed, *(args[k] for k in needed))
         return tuple(vjp_fn(flatten(out)[1](list(cotangents))))
 
