@@ -89,8 +89,18 @@ def _host(fn):
     return run
 
 
+def _signature(fn, arrays) -> tuple:
+    return (fn, tuple((a.shape, np.dtype(a.dtype).str) for a in arrays))
+
+
+def _known(fn, arrays, outs) -> None:
+    """Record that `fn` on `arrays` gives arrays like `outs`, where a rule knows it without a run
+    (which would compile a program that JAX may only transpose)."""
+    _out_avals.setdefault(_signature(fn, arrays), [jax.core.ShapedArray(o.shape, o.dtype) for o in outs])
+
+
 def _abstract_eval(*avals, fn):
-    key = (fn, tuple((a.shape, np.dtype(a.dtype).str) for a in avals))
+    key = _signature(fn, avals)
     if key not in _out_avals:
         # halide_ad compiles once per signature; zeros of the right shape find the outputs'.
         outs = _host(fn)(*(np.zeros(a.shape, a.dtype) for a in avals))
@@ -110,7 +120,10 @@ def _jvp(primals, tangents, *, fn):
     if not positions:
         return outs, [ad.Zero.from_primal_value(o) for o in outs]
     tangent_fn = tangent_program(program_of(fn), positions, len(primals))
-    tangent_outs = halide_ad_p.bind(*primals, *(tangents[k] for k in positions), fn=tangent_fn)
+    tangent_args = (*primals, *(tangents[k] for k in positions))
+    if all(_is_float(o) for o in outs):  # (a tangent program's outputs are its primal outputs')
+        _known(tangent_fn, [jax.typeof(a) for a in tangent_args], [jax.typeof(o) for o in outs])
+    tangent_outs = halide_ad_p.bind(*tangent_args, fn=tangent_fn)
     return outs, [t if _is_float(o) else ad.Zero.from_primal_value(o)
                   for o, t in zip(outs, tangent_outs, strict=True)]
 
@@ -128,6 +141,7 @@ def _transpose(cotangents, *args, fn):
     gradient = transposed(program_of(fn), linear)
     if gradient is not None:
         primals = [a for k, a in enumerate(args) if k < gradient.count]
+        _known(gradient, [jax.typeof(a) for a in (*primals, *cts)], [args[k].aval for k in linear])
         grads = iter(halide_ad_p.bind(*primals, *cts, fn=gradient))
     else:
         grads = iter(halide_ad_p.bind(*values, *cts, fn=gradient_program(program_of(fn), linear, len(args))))

@@ -7,6 +7,8 @@ jax = pytest.importorskip("jax")
 hd_jax = pytest.importorskip("halide_ad.jax")
 import jax.numpy as jnp
 
+import halide_ad as hd
+
 from tests import programs as P
 from tests.integration import programs as IP
 
@@ -80,3 +82,18 @@ def test_first_order_gradients_still_go_through_data_dependent_indices():
     idx = jnp.asarray(np.array([0, 2, 2, 4]))
     np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(take(x, idx) ** 2))(x), [0, 0, 8, 0, 8])
     np.testing.assert_allclose(jax.jvp(lambda x: take(x, idx), (x,), (jnp.ones(5),))[1], np.ones(4))
+
+
+def test_a_gradient_runs_no_forward_mode_program(rng):
+    """jax.grad transposes the JVP rule's tangent program without running it: only fn's own
+    forward and gradient kernels are traced."""
+    from halide_ad import derived
+    fresh = hd.func(P.conv2d.fn)
+    x, w = jnp.asarray(rng.standard_normal((1, 2, 4, 4))), jnp.asarray(rng.standard_normal((2, 2, 2, 2)))
+    dw = jax.grad(lambda w: jnp.sum(hd_jax.function(fresh)(x, w) ** 2))(w)
+    expected = jax.grad(lambda w: jnp.sum(jax.lax.conv(x, w, (1, 1), "VALID") ** 2))(w)
+    np.testing.assert_allclose(dw, expected, rtol=1e-10)
+    over_arrays = hd_jax._over_arrays(fresh, 2, (0, 1), ())  # what the primitive runs
+    assert over_arrays._calls  # (ran)
+    tangent = derived.tangent_program(over_arrays, (1,), 2)  # the JVP rule's, in w
+    assert tangent in derived._tangents and not tangent._calls
