@@ -11,11 +11,14 @@ skips the step, and `--small` runs it on the first kernel case only).
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
 resampling and dense gradients), `everyday` (elementwise math, softmax, layer norm, a small
 layer, dispatch, a training step, the first call on empty caches), `checkpoint` (the peak memory
-of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes) and `chunked` (a
-blur on a dask array, chunked, against the whole array and dask-image: `benchmarks.chunked`), e.g.
+of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes), `chunked` (a
+blur on a dask array, chunked, against the whole array and dask-image: `benchmarks.chunked`) and
+`hvp` (the Hessian-vector product of a clamped-stencil energy against one gradient, halide_ad,
+JAX and PyTorch: `benchmarks.hvp`), e.g.
 
     python -m benchmarks --cases everyday
     python -m benchmarks --cases chunked --no-memory --repeat 3
+    python -m benchmarks --cases hvp --repeat 5
     python -m benchmarks --cases tanh,softmax,dispatch --repeat 3
 """
 from __future__ import annotations
@@ -37,6 +40,7 @@ from benchmarks.cases import Case
 from benchmarks.checkpoint import CheckpointCase
 from benchmarks.chunked import ChunkedCase, ChunkedRow, chunked_table, run_chunked
 from benchmarks.everyday import FirstCall
+from benchmarks.hvp import HvpCase, hvp_table, run_hvp
 from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
 from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
 from benchmarks.selection import ALL, GROUPS, select
@@ -118,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     other_rows: dict[str, Row] = {**call_rows, **cold_rows}
     chunked = [row for case in args.cases if isinstance(case, ChunkedCase)
                for row in run_chunked_case(case, small=args.small, repeat=args.repeat, notes=notes)]
+    hvp = [row for case in args.cases if isinstance(case, HvpCase)
+           for row in run_hvp(small=args.small, repeat=args.repeat, peer_names=peer_names)]
     torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None
     bounds = measure_machine(args.repeat, small=args.small, torch_module=torch_module)
     load = (load_at_start, os.getloadavg()[0])
@@ -130,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_name = {r.name: r for r in results}
     kernel_results = [r for r in results if r.name in kernels]
     everyday = [row for case in args.cases if case.name not in kernels
-                and not isinstance(case, (CheckpointCase, ChunkedCase))
+                and not isinstance(case, (CheckpointCase, ChunkedCase, HvpCase))
                 for row in (case_rows(by_name[case.name], bounds) if case.name in by_name
                             else [other_rows[case.name]])]
     descriptions = [_description(case, small=args.small) for case in args.cases
@@ -139,18 +145,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     markdown = to_markdown(kernel_results, bounds, repeat=args.repeat, threads=threads,
                            peer_names=peer_names, notes=notes, everyday=everyday,
                            descriptions=descriptions,
-                           chunked=chunked_table(chunked) if chunked else ())
+                           chunked=chunked_table(chunked) if chunked else (),
+                           hvp=hvp_table(hvp) if hvp else ())
     print(markdown)
     settings = {"cases": [c.name for c in args.cases], "repeat": args.repeat, "small": args.small,
                 "memory": args.memory,
                 "threads": threads, "peers": peer_names, "load_average_1min": load,
                 "warm_cache_floor_s": floor}
     args.json.write_text(json.dumps(to_json(results, bounds, settings=settings, notes=notes,
-                                            everyday=everyday, chunked=chunked), indent=1) + "\n")
+                                            everyday=everyday, chunked=chunked, hvp=hvp), indent=1) + "\n")
     if args.markdown:
         args.markdown.write_text(markdown)
     failed = any(r.errors or r.mismatch for r in results)
     failed |= any(row.errors or row.mismatch for row in (*other_rows.values(), *chunked))
+    failed |= any(row.error or row.mismatch for row in hvp)
     failed |= not checkpoint_agrees
     return 1 if failed else 0
 

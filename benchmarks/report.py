@@ -112,7 +112,8 @@ def _cpu_model() -> str:
 
 
 def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: dict,
-            notes: Sequence[str], everyday: Sequence[Row] = (), chunked: Sequence = ()) -> dict:
+            notes: Sequence[str], everyday: Sequence[Row] = (), chunked: Sequence = (),
+            hvp: Sequence = ()) -> dict:
     return {
         "settings": settings,
         "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "versions": _versions()},
@@ -139,6 +140,7 @@ def to_json(results: Sequence[CaseResult], bounds: MachineBounds, *, settings: d
         ],
         "everyday": [row_to_json(row) for row in everyday],
         "chunked": [asdict(row) for row in chunked],  # benchmarks.chunked's rows
+        "hvp": [asdict(row) for row in hvp],  # benchmarks.hvp's rows
         "notes": list(notes),
     }
 
@@ -243,9 +245,10 @@ def _forward_table(results: Sequence[CaseResult], peer_names: Sequence[str]) -> 
 def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat: int,
                 threads: int, peer_names: Sequence[str], notes: Sequence[str],
                 everyday: Sequence[Row] = (), descriptions: Sequence[str] = (),
-                chunked: Sequence[str] = ()) -> str:
+                chunked: Sequence[str] = (), hvp: Sequence[str] = ()) -> str:
     """The kernel cases' tables (`results`), then the everyday table (`everyday`), then the
-    chunked case's (`chunked`: its lines, `benchmarks.chunked`), then each case's description
+    chunked case's (`chunked`: its lines, `benchmarks.chunked`) and the HVP case's (`hvp`: its
+    lines, `benchmarks.hvp`), then each case's description
     (`descriptions`: one line per case outside the kernel tables) and the notes."""
     lines = []
     if results:
@@ -280,6 +283,9 @@ def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat:
     if chunked:
         lines += [f"Chunked, halide_ad.dask: medians of {repeat} runs after one warm-up run, float32.", "",
                   *chunked, ""]
+    if hvp:
+        lines += [f"Hessian-vector products: medians of {repeat} runs after 3 warm-up calls, whole calls "
+                  "from arrays to arrays, float32.", "", *hvp, ""]
     lines += [
         "Cases:",
         *(f"* {r.name}: {r.description}; inputs {', '.join(map(str, r.input_shapes))}"

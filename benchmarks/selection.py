@@ -1,4 +1,4 @@
-"""Which cases run: each case by its name, and three groups by theirs.
+"""Which cases run: each case by its name, and the groups by theirs.
 
 * `kernels`: the stencil, convolution, pooling, resampling and dense gradients (`benchmarks.cases`);
 * `everyday`: what a user meets first (issue 26): elementwise math, softmax, layer norm and a small
@@ -8,6 +8,8 @@
   (`benchmarks.checkpoint`), reported in the notes.
 * `chunked`: a blur on a dask array, chunked, against the whole array and dask-image (issue 30,
   `benchmarks.chunked`).
+* `hvp`: the Hessian-vector product of a clamped-stencil energy against one gradient, forward over
+  reverse and reverse over reverse, against JAX and PyTorch (issue 28, `benchmarks.hvp`).
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ from benchmarks.cases import CASES, Case
 from benchmarks.checkpoint import CHECKPOINT, CheckpointCase
 from benchmarks.chunked import CHUNKED_BLUR, ChunkedCase
 from benchmarks.everyday import EVERYDAY_CASES, FIRST_CALL, FirstCall
+from benchmarks.hvp import HVP, HvpCase
 
-AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase
+AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase | HvpCase
 
 GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "kernels": CASES,
     "everyday": (*EVERYDAY_CASES, *CALL_CASES, FIRST_CALL),
     "checkpoint": (CHECKPOINT,),
     "chunked": (CHUNKED_BLUR,),
+    "hvp": (HVP,),
 }
 ALL: tuple[AnyCase, ...] = tuple(case for group in GROUPS.values() for case in group)
 BY_NAME: dict[str, AnyCase] = {case.name: case for case in ALL}

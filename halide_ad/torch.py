@@ -11,13 +11,17 @@
     y.sum().backward()                      # w.grad comes from halide_ad's gradient kernels
 
 Forward hands CPU tensors to halide_ad without a copy (`.detach().contiguous().numpy()` shares
-the tensor's memory when it is already contiguous), runs `hd.vjp`, and keeps the returned
-`vjp_fn` on the autograd context; backward calls it and wraps the numpy gradients with
+the tensor's memory when it is already contiguous), runs the forward program, and keeps its
+buffers (the residuals) on the autograd context. Backward computes the gradients of only the
+arguments torch asks for (`ctx.needs_input_grad`), from those buffers, and wraps them with
 `torch.from_numpy`, again without a copy. Tensors on another device make a round trip through the
 CPU. Non-tensor arguments (ints, floats, strings, tuples) are static options, passed through as
 they are, and get `None` as their gradient, as do integer and bool tensors.
 
-Backward is `once_differentiable`: a wrapped op has first derivatives, not second ones.
+Under `create_graph=True` (double backward, `torch.autograd.functional.hvp`), backward instead
+runs the gradient program itself, `hd.vjp` of `fn` traced as an `@hd.func` of the arguments and
+the cotangents, wrapped by this same class: its own backward differentiates it again (reverse over
+reverse), to any order.
 """
 from __future__ import annotations
 
@@ -25,14 +29,15 @@ import functools
 
 try:
     import torch
-    from torch.autograd.function import once_differentiable
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError("halide_ad.torch needs PyTorch, an optional dependency: pip install torch "
                       "(or pip install 'halide_ad[torch]')") from e
 
 import numpy as np
 
-from halide_ad.api import as_function, vjp
+from halide_ad.api import _cotangents, as_function
+from halide_ad.derived import flatten as _flatten
+from halide_ad.derived import gradient_program
 
 __all__ = ["function", "wrap"]
 
@@ -40,28 +45,6 @@ __all__ = ["function", "wrap"]
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
     """The tensor's data as numpy, sharing memory when `t` is a contiguous CPU tensor."""
     return t.detach().cpu().contiguous().numpy()
-
-
-def _flatten(obj) -> tuple[list[np.ndarray], object]:
-    """(leaves, rebuild) for an array or a tuple/list/dict of arrays (halide_ad's outputs)."""
-    if isinstance(obj, np.ndarray):
-        return [obj], lambda leaves: leaves[0]
-    if isinstance(obj, (tuple, list)):
-        parts = [_flatten(x) for x in obj]
-        kind = type(obj)
-
-        def rebuild(leaves):
-            out, k = [], 0
-            for leaves_part, rb in parts:
-                out.append(rb(leaves[k:k + len(leaves_part)]))
-                k += len(leaves_part)
-            return kind(out)
-        return [leaf for p in parts for leaf in p[0]], rebuild
-    if isinstance(obj, dict):
-        keys = list(obj)
-        leaves, rebuild_values = _flatten([obj[k] for k in keys])
-        return leaves, lambda ls: dict(zip(keys, rebuild_values(ls), strict=True))
-    raise TypeError(f"halide_ad.torch: unexpected output of type {type(obj).__name__}")
 
 
 def _from_numpy(a: np.ndarray, device: torch.device | None) -> torch.Tensor:
@@ -80,17 +63,18 @@ class HalideFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, meta, *args):
         np_args = [_to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
-        out, vjp_fn = vjp(fn, *np_args)
-        leaves, rebuild = _flatten(out)
+        traced, arrays = fn.trace(tuple(np_args), {})
+        buffers = traced.run(arrays)
+        leaves, rebuild = _flatten(traced.outputs(buffers))
         meta["rebuild"] = rebuild
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         outs = tuple(_from_numpy(leaf, device) for leaf in leaves)
-        ctx.vjp_fn = vjp_fn
-        ctx.rebuild = rebuild
-        ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
+        ctx.fn, ctx.traced, ctx.buffers, ctx.rebuild = fn, traced, buffers, rebuild
+        ctx.statics = [None if isinstance(a, torch.Tensor) else a for a in args]
         ctx.devices = [a.device if isinstance(a, torch.Tensor) else None for a in args]
         # Saving the inputs lets autograd's version counters catch an in-place change before
-        # backward: the gradient kernels read the same memory (no copy was made).
+        # backward (the gradient kernels read the same memory: no copy was made), and gives
+        # double backward the inputs with their history.
         ctx.save_for_backward(*(a for a in args if isinstance(a, torch.Tensor)))
         for leaf, t in zip(leaves, outs, strict=True):
             if leaf.dtype.kind not in "fc":
@@ -98,19 +82,26 @@ class HalideFunction(torch.autograd.Function):
         return outs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grad_outputs):
-        ctx.saved_tensors  # noqa: B018  raises if an input was modified in place since forward
-        cts = [_to_numpy(g) for g in grad_outputs]
-        grads = ctx.vjp_fn(ctx.rebuild(cts))
-        result = []
-        for g, is_tensor, need, device in zip(grads, ctx.is_tensor, ctx.needs_input_grad[2:],
-                                              ctx.devices, strict=True):
-            if g is None or not is_tensor or not need:
-                result.append(None)
-            else:
-                result.append(_from_numpy(g, device))
-        return (None, None, *result)
+        tensors = iter(ctx.saved_tensors)  # raises if an input was modified in place since forward
+        args = [next(tensors) if static is None and device is not None else static
+                for static, device in zip(ctx.statics, ctx.devices, strict=True)]
+        names = ctx.traced.arg_names
+        needed = tuple(k for k, (name, need) in enumerate(zip(names, ctx.needs_input_grad[2:], strict=True))
+                       if need and name in ctx.traced.float_args)
+        grads = [None] * len(args)
+        if needed and torch.is_grad_enabled():  # create_graph: a differentiable gradient
+            program = function(gradient_program(ctx.fn, needed, len(args)))
+            for k, g in zip(needed, program(*args, *grad_outputs), strict=True):
+                grads[k] = g
+        elif needed:
+            cts = _cotangents(ctx.traced, ctx.rebuild([_to_numpy(g) for g in grad_outputs]),
+                              getattr(ctx.fn.fn, "__name__", "fn"))
+            by_position = ctx.traced.gradients(
+                ctx.traced.gradient_of(tuple(names[k] for k in needed), ctx.buffers, cts))
+            for k in needed:
+                grads[k] = _from_numpy(by_position[k], ctx.devices[k])
+        return (None, None, *grads)
 
 
 def function(fn):

@@ -1,4 +1,4 @@
-"""halide_ad.jax: an @hd.func as a jax.custom_vjp over jax.pure_callback."""
+"""halide_ad.jax: an @hd.func as a JAX primitive over jax.pure_callback."""
 import numpy as np
 import pytest
 
