@@ -101,13 +101,7 @@ def independent_rdom(u: Update) -> bool:
     reads = [n for n in walk(u.value) if isinstance(n, Load) and n.buffer == u.name]
     q = Query()
     try:
-        a = {r.var: q.var(r.var) for r in u.pure + u.rdom}
-        b = dict(a) | {r.var: q.var(r.var, "_other") for r in u.rdom}
-        for point in (a, b):
-            for r in u.pure + u.rdom:
-                q.add(r.lo <= point[r.var], point[r.var] < r.hi)
-            if u.where is not None:
-                q.add(q.to_z3(u.where, point))
+        a, b = _two_points(q, u)
         q.add(q.either(*(a[r.var] != b[r.var] for r in u.rdom)))
         write_a = [q.to_z3(e, a) for e in u.index]
         clash = [_all_equal(q, write_a, [q.to_z3(e, b) for e in u.index])]
@@ -116,6 +110,19 @@ def independent_rdom(u: Update) -> bool:
     except Unsupported:
         return False
     return q.check() == "unsat"
+
+
+def _two_points(q: Query, u: Update) -> tuple[dict, dict]:
+    """Two points of `u`'s domain in `q`: the same pure variables (pure points never touch each
+    other's elements), rdom variables of their own, each in range and where `where` holds."""
+    a = {r.var: q.var(r.var) for r in u.pure + u.rdom}
+    b = dict(a) | {r.var: q.var(r.var, "_other") for r in u.rdom}
+    for point in (a, b):
+        for r in u.pure + u.rdom:
+            q.add(r.lo <= point[r.var], point[r.var] < r.hi)
+        if u.where is not None:
+            q.add(q.to_z3(u.where, point))
+    return a, b
 
 
 def reversible(u: Update) -> bool:
@@ -128,13 +135,7 @@ def reversible(u: Update) -> bool:
     others = [n for n in walk(u.value) if isinstance(n, Load) and n.buffer == u.name and not is_own_read(u, n)]
     q = Query()
     try:
-        a = {r.var: q.var(r.var) for r in u.pure + u.rdom}
-        b = dict(a) | {r.var: q.var(r.var, "_other") for r in u.rdom}
-        for point in (a, b):
-            for r in u.pure + u.rdom:
-                q.add(r.lo <= point[r.var], point[r.var] < r.hi)
-            if u.where is not None:
-                q.add(q.to_z3(u.where, point))
+        a, b = _two_points(q, u)
         write_a = [q.to_z3(e, a) for e in u.index]
         collide = z3.And(z3.Or(*(a[r.var] != b[r.var] for r in u.rdom)),
                          _all_equal(q, write_a, [q.to_z3(e, b) for e in u.index]))
