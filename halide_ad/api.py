@@ -1,4 +1,6 @@
-"""The public entry points: `@hd.func`, `hd.vjp`, `hd.grad`, `hd.value_and_grad`."""
+"""`@hd.func`: a traced, compiled function. Each signature of shapes and dtypes is traced once into a
+`Traced`, which holds its program and compiles its kernels; a call finds it by one dict lookup.
+The gradient transformations built on it are in halide_ad/transforms.py."""
 from __future__ import annotations
 
 import functools
@@ -11,45 +13,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from halide_ad import capture, config, ir, retrace, tiered
+from halide_ad import capture, config, ir, tiered
 from halide_ad.ad import without_unused_argindex
 from halide_ad.segments import Segmented
 from halide_ad.compiler import compile_forward, compile_gradient
-from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, SourceLoc, TraceError, user_loc
+from halide_ad.errors import DTypeError, ShapeError, SourceLoc, TraceError, user_loc
 from halide_ad.runtime.execute import BackwardRun, ForwardRun, Kernel
 from halide_ad.runtime.plans import AdjointPlan
 from halide_ad.tensor import BoundaryView, Tensor, compute
 from halide_ad.trace import TraceState, current, tracing
 from halide_ad.traverse import walk
+from halide_ad.trees import flatten
 
 _STATIC_TYPES = (numbers.Number, str, bytes, type(None), np.dtype, type)
-
-
-# ---- outputs as a small pytree ------------------------------------------------------------------
-
-def _flatten(obj, where: str = "the result"):
-    """(leaves, rebuild) for a Tensor or a tuple/list/dict of them."""
-    if isinstance(obj, BoundaryView):
-        obj = obj.tensor
-    if isinstance(obj, Tensor):
-        return [obj], lambda leaves: leaves[0]
-    if isinstance(obj, (tuple, list)):
-        parts = [_flatten(x, where) for x in obj]
-        sizes = [len(p[0]) for p in parts]
-
-        def rebuild(leaves, kind=type(obj)):
-            out, k = [], 0
-            for (_, rb), n in zip(parts, sizes, strict=True):
-                out.append(rb(leaves[k:k + n]))
-                k += n
-            return kind(out)
-        return [leaf for p in parts for leaf in p[0]], rebuild
-    if isinstance(obj, dict):
-        keys = list(obj)
-        leaves, rebuild_values = _flatten([obj[k] for k in keys], where)
-        return leaves, lambda ls: dict(zip(keys, rebuild_values(ls), strict=True))
-    raise TraceError(f"{where} must be an hd.Tensor or a tuple, list or dict of them; got "
-                     f"{type(obj).__name__}")
 
 
 # ---- arguments ----------------------------------------------------------------------------------
@@ -269,7 +245,7 @@ class Traced:
                      for n, shape in zip(self.arg_names, self._arg_shapes, strict=True))
 
     def structure(self):
-        """The outputs' structure, output k's place holding k (`_leaves_like` follows it)."""
+        """The outputs' structure, output k's place holding k (`leaves_like` follows it)."""
         if self._structure is None:
             self._structure = self.rebuild(list(range(len(self.program.outputs))))
         return self._structure
@@ -400,7 +376,7 @@ class Function:
                 if error is None:
                     raise
                 raise error from e
-            leaves, rebuild = _flatten(result, f"the result of {self.fn.__name__}")
+            leaves, rebuild = flatten(result, f"the result of {self.fn.__name__}")
             outputs = []
             for leaf in leaves:
                 if leaf.name in outputs or leaf.name in {b.name for b in state.inputs}:
@@ -534,168 +510,3 @@ def forget_shared_traces() -> None:
         _by_program.clear()
 
 
-# ---- gradients ----------------------------------------------------------------------------------
-
-def _differentiable(traced: Traced, argnums: tuple[int, ...], fn_name: str) -> tuple[str, ...]:
-    wrt = []
-    for k in argnums:
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
-            raise NotDifferentiableError(f"argnums must be an int or a tuple of ints, got {k!r}")
-        if not -len(traced.kinds) <= k < len(traced.kinds):
-            raise NotDifferentiableError(f"argnums={k} but {fn_name} was called with "
-                                         f"{len(traced.kinds)} positional argument(s)")
-        name = traced.arg_names[k]
-        if name is None:
-            raise NotDifferentiableError(f"argument {k} of {fn_name} is a static value, not an array; "
-                                         "only float32/float64 array arguments have gradients")
-        if not ir.is_float(traced.program.buffer(name).dtype):
-            raise NotDifferentiableError(f"argument {k} ({name!r}) of {fn_name} is a "
-                                         f"{traced.program.buffer(name).dtype} array: integer and "
-                                         "bool arrays are data, not differentiable")
-        wrt.append(name)
-    return tuple(dict.fromkeys(wrt))
-
-
-def vjp(fn, *args, **kwargs):
-    """(fn(*args), vjp_fn): vjp_fn(cotangent) returns one gradient per positional argument
-    (None for static and integer arguments)."""
-    if current() is not None:  # inside a trace: the gradient becomes Funcs of that program
-        return retrace.vjp(fn, args, kwargs)
-    f = as_function(fn)
-    traced, arrays = f.trace(args, kwargs)
-    buffers = traced.run(arrays)
-    out = traced.outputs(buffers)
-
-    def vjp_fn(cotangent):
-        cts = _cotangents(traced, cotangent, getattr(f.fn, "__name__", "fn"))
-        return traced.gradients(traced.gradient_of(traced.float_args, buffers, cts))
-
-    return out, vjp_fn
-
-
-def _cotangents(traced: Traced, cotangent, fn_name: str) -> dict[str, np.ndarray]:
-    program = traced.program
-    try:
-        leaves = _leaves_like(traced.structure(), cotangent, len(program.outputs))
-    except (TypeError, ValueError, KeyError):
-        raise ShapeError(f"the cotangent must have the structure of {fn_name}'s outputs") from None
-    out = {}
-    for name, ct in zip(program.outputs, leaves, strict=True):
-        f = program.func(name)
-        ct = np.asarray(ct)
-        if ct.shape != f.shape:
-            raise ShapeError(f"the cotangent for output {name!r} has shape {ct.shape}; it must be "
-                             f"{f.shape}, the output's shape")
-        if ct.dtype.kind not in "fiu":
-            raise DTypeError(f"the cotangent for output {name!r} has dtype {ct.dtype}; use a float array")
-        out[name] = np.ascontiguousarray(ct, dtype=f.dtype if ir.is_float(f.dtype) else "float64")
-    return out
-
-
-def _leaves_like(structure, value, count: int) -> list:
-    """The leaves of `value`, which has the outputs' structure (`Traced.structure`)."""
-    leaves = [None] * count
-
-    def walk_pair(shape, v):
-        if isinstance(shape, int):
-            leaves[shape] = v
-        elif isinstance(shape, dict):
-            if set(shape) != set(v):
-                raise KeyError(set(shape) ^ set(v))
-            for k in shape:
-                walk_pair(shape[k], v[k])
-        else:
-            if len(shape) != len(v):
-                raise ValueError("length")
-            for s, x in zip(shape, v, strict=True):
-                walk_pair(s, x)
-
-    walk_pair(structure, value)
-    return leaves
-
-
-@dataclass(frozen=True)
-class _ScalarGradient:
-    """What `value_and_grad` works out once per signature and argnums: the gradient's inputs,
-    the scalar output it seeds with 1, and where each requested gradient is."""
-    traced: Traced
-    wrt: tuple[str, ...]
-    out: str
-    seed: np.ndarray  # shape (1,), as kernels see the 0-d output; copied for each call
-    results: tuple[tuple[str, bool], ...]  # (buffer, whether 0-d) for each of argnums
-
-    def __call__(self, buffers: dict[str, np.ndarray]) -> tuple:
-        grads = self.traced.gradient_of(self.wrt, buffers, {self.out: self.seed.copy()})
-        return tuple(grads[name].reshape(()) if scalar else grads[name] for name, scalar in self.results)
-
-
-def _scalar_output(traced: Traced, fn_name: str) -> str:
-    program = traced.program
-    if len(program.outputs) != 1 or program.func(program.outputs[0]).shape != ():
-        shapes = [program.func(o).shape for o in program.outputs]
-        raise NotDifferentiableError(f"hd.grad needs {fn_name} to return one scalar (shape ()), but it "
-                                     f"returned shape(s) {shapes}; reduce it (e.g. hd.sum) or use hd.vjp")
-    return program.outputs[0]
-
-
-def value_and_grad(fn, argnums=0):
-    """A function returning (fn(*args), gradient): like jax.value_and_grad, for scalar outputs."""
-    single = isinstance(argnums, int)
-    nums = (argnums,) if single else tuple(argnums)
-    # Only ints can be argnums; anything else raises below on every call, and may be unhashable.
-    cached = all(isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in nums)
-    function = None
-
-    def wrapped(*args, **kwargs):
-        nonlocal function
-        if current() is not None:  # inside a trace: the gradient becomes Funcs of that program
-            return retrace.value_and_grad(fn, nums, single, args, kwargs)
-        if function is None:
-            function = as_function(fn)
-        traced, arrays = function.trace(args, kwargs)
-        gradient = traced.scalar_gradients.get(nums) if cached else None
-        if gradient is None:  # the first call for this signature: check, run, then compile
-            name = getattr(function.fn, "__name__", "fn")
-            out = _scalar_output(traced, name)
-            wrt = _differentiable(traced, nums, name)
-            buffers = traced.run(arrays)
-            program = traced.program
-            gradient = _ScalarGradient(traced, wrt, out, np.ones(1, program.func(out).dtype),
-                                       tuple((traced.arg_names[k], program.buffer(traced.arg_names[k]).shape == ())
-                                             for k in nums))
-            if cached:
-                traced.scalar_gradients[nums] = gradient
-        else:
-            buffers = traced.run(arrays)
-        results = gradient(buffers)
-        return traced.outputs(buffers)[()], (results[0] if single else results)
-
-    return wrapped
-
-
-def grad(fn, argnums=0):
-    """A function returning the gradient of scalar-valued `fn`, like jax.grad."""
-    vg = value_and_grad(fn, argnums)
-    return functools.wraps(fn)(lambda *args, **kwargs: vg(*args, **kwargs)[1])
-
-
-def _flatten_values(obj) -> list[np.ndarray]:
-    """The arrays of a result with the outputs' structure, in order."""
-    if isinstance(obj, np.ndarray):
-        return [obj]
-    if isinstance(obj, dict):
-        return [a for v in obj.values() for a in _flatten_values(v)]
-    return [a for v in obj for a in _flatten_values(v)]
-
-
-def restructure(out, leaves):
-    """`leaves` arranged in the structure of `out`."""
-    it = iter(leaves)
-
-    def go(o):
-        if isinstance(o, np.ndarray):
-            return next(it)
-        if isinstance(o, dict):
-            return {k: go(v) for k, v in o.items()}
-        return type(o)(go(v) for v in o)
-    return go(out)

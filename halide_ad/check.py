@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from halide_ad.api import _flatten_values, as_function, restructure, vjp
+from halide_ad.api import as_function
+from halide_ad.trees import flatten_values, restructure
+from halide_ad.transforms import vjp
 from halide_ad.errors import DTypeError, NotDifferentiableError
 from halide_ad.forward import jvp
 
@@ -55,7 +57,7 @@ def check_grad(fn, *args, modes=MODES, order: int = 1, eps: float = 1e-6, rtol: 
 
 
 def _cotangents(fn, args, rng) -> list[np.ndarray]:
-    return [rng.standard_normal(o.shape) for o in _flatten_values(_call(fn, args))]
+    return [rng.standard_normal(o.shape) for o in flatten_values(_call(fn, args))]
 
 
 def _first_order(fn, args):
@@ -73,7 +75,7 @@ def _first_order(fn, args):
 
 def _check(fn, args, float_args, mode, rng, eps, rtol, atol, directions, what) -> float:
     out, vjp_fn = vjp(fn, *args) if mode == "rev" else (_call(fn, args), None)
-    outs = _flatten_values(out)
+    outs = flatten_values(out)
     cts = [rng.standard_normal(o.shape) for o in outs]
     grads = vjp_fn(restructure(out, cts)) if mode == "rev" else None
     worst = (0.0, None)
@@ -83,14 +85,14 @@ def _check(fn, args, float_args, mode, rng, eps, rtol, atol, directions, what) -
         for k in float_args:
             shifted[0][k] = args[k] + eps * t[k]
             shifted[1][k] = args[k] - eps * t[k]
-        plus = _flatten_values(_call(fn, shifted[0]))
-        minus = _flatten_values(_call(fn, shifted[1]))
+        plus = flatten_values(_call(fn, shifted[0]))
+        minus = flatten_values(_call(fn, shifted[1]))
         numeric = sum(np.vdot((p - m) / (2 * eps), c) for p, m, c in zip(plus, minus, cts, strict=True))
         if mode == "rev":
             analytic = sum(np.vdot(t[k], grads[k]) for k in float_args)
         else:
             tangents = tuple(t.get(k) for k in range(len(args)))
-            analytic = sum(np.vdot(j, c) for j, c in zip(_flatten_values(jvp(fn, args, tangents)[1]), cts,
+            analytic = sum(np.vdot(j, c) for j, c in zip(flatten_values(jvp(fn, args, tangents)[1]), cts,
                                                          strict=True))
         err = abs(numeric - analytic)
         tol = atol + rtol * max(abs(numeric), abs(analytic))

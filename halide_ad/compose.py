@@ -15,7 +15,9 @@ import numpy as np
 
 from halide_ad import ir
 from halide_ad.ad import differentiable_buffers
-from halide_ad.api import _cotangents, _differentiable, _flatten_values, as_function, grad, restructure, vjp
+from halide_ad.api import as_function
+from halide_ad.trees import flatten_values, restructure
+from halide_ad.transforms import _cotangents, _differentiable, grad, vjp
 from halide_ad.errors import NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.trace import current
 
@@ -37,7 +39,7 @@ def jacrev(fn, argnums=0):
         traced, _ = as_function(fn).trace(args, kwargs)
         _differentiable(traced, nums, name)  # argnums that name float arrays, or a clear error
         out, vjp_fn = vjp(fn, *args, **kwargs)
-        outs = _flatten_values(out)
+        outs = flatten_values(out)
         rows = []  # per output leaf: per argnum, the gradient of each of its elements
         for k, leaf in enumerate(outs):
             per_arg = [[] for _ in nums]

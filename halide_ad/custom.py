@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from halide_ad import ir
-from halide_ad.api import _flatten, as_function
+from halide_ad.api import as_function
+from halide_ad.trees import flatten
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.functions import stop_gradient
 from halide_ad.ir import Bin, Call, Cast, Expr, Load, Op, Range, Reduce, Scatter, Select
@@ -91,7 +92,7 @@ class custom_jvp(_Custom):
                              user_loc())
         state = require(self.what)
         start = len(state.funcs)
-        leaves, rebuild = _flatten(self.fn(*args), f"the result of {self.fn.__name__}")
+        leaves, rebuild = flatten(self.fn(*args), f"the result of {self.fn.__name__}")
         tangents = tuple(compute(a.shape, lambda *i, a=a: a[i] - stop_gradient(a[i]), name=f"{a.name}_t")
                          if _differentiable(a) else None for a in args)
         middles = tuple(compute(a.shape, lambda *i, a=a: (a[i] + stop_gradient(a[i])) * 0.5, name=f"{a.name}_m")
@@ -108,7 +109,7 @@ class custom_jvp(_Custom):
         """The leaves of the rule's tangent, checked against the `outputs` they belong to."""
         result = self._rule(self.rule, primals, tangents)
         self._check_returns("the rule", result, 2)
-        t_leaves, _ = _flatten(result[1], f"the tangent that the rule of {self.fn.__name__} returns")
+        t_leaves, _ = flatten(result[1], f"the tangent that the rule of {self.fn.__name__} returns")
         if len(t_leaves) != len(outputs):
             raise ShapeError(f"the rule of the {self.what} returned {len(t_leaves)} tangent(s) for "
                              f"{len(outputs)} output(s); return one per output", user_loc())
@@ -146,7 +147,7 @@ class custom_vjp(_Custom):
         result = self._rule(self.fwd, *args)
         self._check_returns("fwd", result, 2)
         out, residuals = result
-        leaves, rebuild = _flatten(out, f"the output that fwd of the {self.what} returns")
+        leaves, rebuild = flatten(out, f"the output that fwd of the {self.what} returns")
         outputs = [compute(p.shape, lambda *i, p=p: p[i], name=f"{p.name}_custom") for p in leaves]
         cotangents, bwd_funcs = _trace_bwd(self, state, residuals, rebuild, outputs)
         self._check_returns("bwd", cotangents, len(args))

@@ -20,7 +20,8 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from halide_ad import ir
-from halide_ad.api import Function, _classify, _leaves_like, as_function
+from halide_ad.api import as_function, _classify, Function
+from halide_ad.trees import leaves_like
 from halide_ad.blocks import Block, add, backward_task, forward_task, nested_getitem
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
 from halide_ad.compiler import engine_choices
@@ -407,7 +408,7 @@ class _Call:
         """The cotangent per output as dask arrays in the outputs' chunks, checked as hd.vjp checks."""
         program, lay = self.program, self.layout
         try:
-            leaves = _leaves_like(self.traced.structure(), cotangent, len(program.outputs))
+            leaves = leaves_like(self.traced.structure(), cotangent, len(program.outputs))
         except (TypeError, ValueError, KeyError):
             raise ShapeError(f"the cotangent must have the structure of {self.name}'s outputs") from None
         out = {}

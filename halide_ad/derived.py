@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from halide_ad.api import Function, _cotangents, func, vjp
+from halide_ad.api import func, Function
+from halide_ad.transforms import _cotangents, vjp
 from halide_ad.forward import jvp
 
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from halide_ad import ir
 from halide_ad.ad import BIN_RULES, CALL_RULES, _exclusive_product
-from halide_ad.api import _flatten, _flatten_values, as_function, restructure
+from halide_ad.api import as_function
+from halide_ad.trees import flatten, flatten_values, restructure
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.expr import Expr as FrontExpr
 from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Select, Var
@@ -97,7 +98,7 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
         args.append(copy)
         if t is not None and ir.is_float(p.buffer.dtype):
             tangent_of[copy.name] = _tangent_tensor(k, p, t).name
-    leaves, rebuild = _flatten(fn(*args), "the result of the function given to hd.jvp")
+    leaves, rebuild = flatten(fn(*args), "the result of the function given to hd.jvp")
     overrides = {name: o for o in state.overrides for name in o.outputs}
     applied: set[int] = set()
     for f in state.funcs[start:]:
@@ -312,9 +313,9 @@ def jacfwd(fn, argnums=0):
                 basis[j] = 1
                 tangents[k] = basis.reshape(x.shape)
                 out, tangent_out = jvp(fn, tuple(args), tuple(tangents))
-                columns.append(_flatten_values(tangent_out))
+                columns.append(flatten_values(tangent_out))
             tangents[k] = None
-            outs = _flatten_values(out)
+            outs = flatten_values(out)
             jacobians.append(restructure(out, [np.stack([c[m] for c in columns], axis=-1).reshape(o.shape + x.shape)
                                                 for m, o in enumerate(outs)]))
         return jacobians[0] if single else tuple(jacobians)

@@ -26,23 +26,24 @@ from dataclasses import replace
 
 from halide_ad import ir
 from halide_ad.ad import reverse_mode
+from halide_ad.affine import Affine, linear_form
+from halide_ad.api import as_function
 from halide_ad.errors import NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.ir import Adjoint, Bin, Expr, Func, Load, Op, Range, Reduce, Select, Var, cast, const
 from halide_ad.runtime.plans import gather_vars
 from halide_ad.solver import Fallback, invert
-from halide_ad.affine import Affine, linear_form
 from halide_ad.solver.bounds import interval
 from halide_ad.solver.invert import GatherPiece
 from halide_ad.tensor import BoundaryView, Tensor, _lift_reductions, add_func, compute
 from halide_ad.trace import TraceState, current
 from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
+from halide_ad.trees import flatten
 
 
 class _Traced:
     """`fn` traced into the enclosing program on copies of its differentiated arguments."""
 
     def __init__(self, fn, args: tuple, kwargs: dict, diff: tuple[int, ...], fn_name: str):
-        from halide_ad.api import _flatten, as_function
         self.state = state = current()
         self.fn_name = fn_name
         self.copies: dict[int, Tensor] = {}
@@ -56,7 +57,7 @@ class _Traced:
             call_args[k] = copy if view is None else BoundaryView(copy, view.kind, view.value)
         start = len(state.funcs)
         result = as_function(fn)(*call_args, **kwargs)
-        leaves, self.rebuild = _flatten(result, f"the result of {fn_name}")
+        leaves, self.rebuild = flatten(result, f"the result of {fn_name}")
         inputs = {t.name for t in self.copies.values()}
         outputs = []
         for leaf in leaves:  # each output a Func of this trace, once
@@ -304,9 +305,8 @@ def vjp(fn, args: tuple, kwargs: dict):
     traced = _Traced(fn, args, kwargs, diff, name)
 
     def vjp_fn(cotangent):
-        from halide_ad.api import _flatten
         try:
-            leaves, _ = _flatten(cotangent, "the cotangent") if not isinstance(cotangent, numbers.Number) \
+            leaves, _ = flatten(cotangent, "the cotangent") if not isinstance(cotangent, numbers.Number) \
                 else ([cotangent], None)
         except TraceError:
             raise TraceError(f"while tracing, the cotangent of {name}'s vjp must be hd.Tensors (or "

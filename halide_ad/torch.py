@@ -35,8 +35,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 import numpy as np
 
-from halide_ad.api import _cotangents, as_function
-from halide_ad.derived import flatten as _flatten
+from halide_ad.api import as_function
+from halide_ad.transforms import _cotangents
+from halide_ad.derived import flatten
 from halide_ad.derived import gradient_program
 
 __all__ = ["function", "wrap"]
@@ -65,7 +66,7 @@ class HalideFunction(torch.autograd.Function):
         np_args = [_to_numpy(a) if isinstance(a, torch.Tensor) else a for a in args]
         traced, arrays = fn.trace(tuple(np_args), {})
         buffers = traced.run(arrays)
-        leaves, rebuild = _flatten(traced.outputs(buffers))
+        leaves, rebuild = flatten(traced.outputs(buffers))
         meta["rebuild"] = rebuild
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         outs = tuple(_from_numpy(leaf, device) for leaf in leaves)

@@ -18,7 +18,6 @@ OPTIONAL = {"halide_ad.torch", "halide_ad.jax", "halide_ad.dask"}
 DEFERRED = {
     ("halide_ad.expr", "halide_ad.tensor"),  # Expr's operators accept Tensors, and Tensor is built on Expr
     ("halide_ad.ir", "halide_ad.show"),  # an Expr prints itself with show, which is written over the IR
-    ("halide_ad.retrace", "halide_ad.api"),  # a gradient while tracing traces the user's function through the API
     ("halide_ad.tensor", "halide_ad.updates"),  # Tensor.__setitem__ is an update definition, built on Tensor
 }
 

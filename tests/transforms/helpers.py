@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import halide_ad as hd
-from halide_ad.api import _flatten_values
+from halide_ad.trees import flatten_values
 
 
 def random_tangents(args, rng) -> tuple:
@@ -23,7 +23,7 @@ def finite_difference(fn, args, tangents, eps: float = 1e-6) -> list[np.ndarray]
     f = hd.api.as_function(fn)
     plus = [a + eps * t if t is not None else a for a, t in zip(args, tangents, strict=True)]
     minus = [a - eps * t if t is not None else a for a, t in zip(args, tangents, strict=True)]
-    return [(p - m) / (2 * eps) for p, m in zip(_flatten_values(f(*plus)), _flatten_values(f(*minus)), strict=True)]
+    return [(p - m) / (2 * eps) for p, m in zip(flatten_values(f(*plus)), flatten_values(f(*minus)), strict=True)]
 
 
 def check_jvp(fn, *args, torch_fn=None, seed: int = 0, fd: bool = True, rtol: float = 1e-9, atol: float = 1e-11):
@@ -33,8 +33,8 @@ def check_jvp(fn, *args, torch_fn=None, seed: int = 0, fd: bool = True, rtol: fl
     rng = np.random.default_rng(seed)
     tangents = random_tangents(args, rng)
     out, tangent_out = hd.jvp(fn, args, tangents)
-    outs, touts = _flatten_values(out), _flatten_values(tangent_out)
-    for o, ref in zip(outs, _flatten_values(hd.api.as_function(fn)(*args)), strict=True):
+    outs, touts = flatten_values(out), flatten_values(tangent_out)
+    for o, ref in zip(outs, flatten_values(hd.api.as_function(fn)(*args)), strict=True):
         np.testing.assert_array_equal(o, ref)
     for t, o in zip(touts, outs, strict=True):
         assert t.shape == o.shape and t.dtype == o.dtype
