@@ -11,8 +11,10 @@ skips the step, and `--small` runs it on the first kernel case only).
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
 resampling and dense gradients), `everyday` (elementwise math, softmax, layer norm, a small
 layer, dispatch, a training step, the first call on empty caches), `checkpoint` (the peak memory
-of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes) and `chunked` (a
-blur on a dask array, chunked, against the whole array and dask-image: `benchmarks.chunked`), e.g.
+of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes), `chunked` (a
+blur on a dask array, chunked, against the whole array and dask-image: `benchmarks.chunked`) and
+`updates` (a histogram, a linear recurrence and a bilateral-grid splat, update definitions, in the
+everyday table: `benchmarks.updates`), e.g.
 
     python -m benchmarks --cases everyday
     python -m benchmarks --cases chunked --no-memory --repeat 3
@@ -41,6 +43,7 @@ from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
 from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
 from benchmarks.selection import ALL, GROUPS, select
 from benchmarks.torch_thp import measure_in_subprocess
+from benchmarks.updates import UpdateCase, run_update_case
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 
@@ -116,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint_notes, checkpoint_agrees = checkpoint.report(small=args.small)
         notes += checkpoint_notes
     other_rows: dict[str, Row] = {**call_rows, **cold_rows}
+    update_rows = [row for case in args.cases if isinstance(case, UpdateCase)
+                   for row in run_update_case(case, small=args.small, repeat=args.repeat,
+                                              peer_names=peer_names)]
     chunked = [row for case in args.cases if isinstance(case, ChunkedCase)
                for row in run_chunked_case(case, small=args.small, repeat=args.repeat, notes=notes)]
     torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None
@@ -130,9 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_name = {r.name: r for r in results}
     kernel_results = [r for r in results if r.name in kernels]
     everyday = [row for case in args.cases if case.name not in kernels
-                and not isinstance(case, (CheckpointCase, ChunkedCase))
+                and not isinstance(case, (CheckpointCase, ChunkedCase, UpdateCase))
                 for row in (case_rows(by_name[case.name], bounds) if case.name in by_name
-                            else [other_rows[case.name]])]
+                            else [other_rows[case.name]])] + update_rows
     descriptions = [_description(case, small=args.small) for case in args.cases
                     if case.name not in kernels]
     threads = peers.thread_count()
@@ -150,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(markdown)
     failed = any(r.errors or r.mismatch for r in results)
-    failed |= any(row.errors or row.mismatch for row in (*other_rows.values(), *chunked))
+    failed |= any(row.errors or row.mismatch
+                  for row in (*other_rows.values(), *chunked, *update_rows))
     failed |= not checkpoint_agrees
     return 1 if failed else 0
 

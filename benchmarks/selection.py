@@ -1,4 +1,4 @@
-"""Which cases run: each case by its name, and three groups by theirs.
+"""Which cases run: each case by its name, and five groups by theirs.
 
 * `kernels`: the stencil, convolution, pooling, resampling and dense gradients (`benchmarks.cases`);
 * `everyday`: what a user meets first (issue 26): elementwise math, softmax, layer norm and a small
@@ -8,6 +8,8 @@
   (`benchmarks.checkpoint`), reported in the notes.
 * `chunked`: a blur on a dask array, chunked, against the whole array and dask-image (issue 30,
   `benchmarks.chunked`).
+* `updates`: a histogram, a linear recurrence and a bilateral-grid splat, update definitions
+  (issue 29, `benchmarks.updates`), in the everyday table.
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ from benchmarks.cases import CASES, Case
 from benchmarks.checkpoint import CHECKPOINT, CheckpointCase
 from benchmarks.chunked import CHUNKED_BLUR, ChunkedCase
 from benchmarks.everyday import EVERYDAY_CASES, FIRST_CALL, FirstCall
+from benchmarks.updates import UPDATE_CASES, UpdateCase
 
-AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase
+AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase | UpdateCase
 
 GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "kernels": CASES,
     "everyday": (*EVERYDAY_CASES, *CALL_CASES, FIRST_CALL),
     "checkpoint": (CHECKPOINT,),
     "chunked": (CHUNKED_BLUR,),
+    "updates": UPDATE_CASES,
 }
 ALL: tuple[AnyCase, ...] = tuple(case for group in GROUPS.values() for case in group)
 BY_NAME: dict[str, AnyCase] = {case.name: case for case in ALL}
