@@ -4,9 +4,10 @@ Prints markdown tables, writes JSON (--json), and exits with status 1 when a lib
 halide_ad's values differ from a peer's. `--small` runs tiny shapes: a smoke test of the runner
 and of halide_ad's correctness on every case, not a measurement.
 
-The kernel cases' backward passes also get their peak memory, each library in a fresh process per
-case (`benchmarks.memory`: 27 processes of 4-15 s for the nine cases at full size; `--no-memory`
-skips the step, and `--small` runs it on the first kernel case only).
+The kernel and update cases' backward passes also get their peak memory, each library in a fresh
+process per case (`benchmarks.memory`: 27 processes of 4-15 s for the nine kernel cases at full
+size; `--no-memory` skips the step, and `--small` runs it on the first kernel case only, and on
+every update case at its tiny shapes).
 
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
 resampling and dense gradients), `everyday` (elementwise math, softmax, layer norm, a small
@@ -14,7 +15,7 @@ layer, dispatch, a training step, the first call on empty caches), `checkpoint` 
 of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes), `chunked` (a
 blur on a dask array, chunked, against the whole array and dask-image: `benchmarks.chunked`) and
 `updates` (a histogram, a linear recurrence and a bilateral-grid splat, update definitions, in the
-everyday table: `benchmarks.updates`), e.g.
+everyday table, their backward's peak memory in the notes: `benchmarks.updates`), e.g.
 
     python -m benchmarks --cases everyday
     python -m benchmarks --cases chunked --no-memory --repeat 3
@@ -43,7 +44,7 @@ from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
 from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
 from benchmarks.selection import ALL, GROUPS, select
 from benchmarks.torch_thp import measure_in_subprocess
-from benchmarks.updates import UpdateCase, run_update_case
+from benchmarks.updates import UpdateCase, memory_note, run_update_case
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 
@@ -60,7 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--markdown", type=Path, help="also write the markdown table here")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
-                        help="skip the kernel cases' backward peak memory (a fresh process per "
+                        help="skip the kernel and update cases' backward peak memory (a fresh process per "
                         "case and library)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
@@ -119,9 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint_notes, checkpoint_agrees = checkpoint.report(small=args.small)
         notes += checkpoint_notes
     other_rows: dict[str, Row] = {**call_rows, **cold_rows}
-    update_rows = [row for case in args.cases if isinstance(case, UpdateCase)
-                   for row in run_update_case(case, small=args.small, repeat=args.repeat,
-                                              peer_names=peer_names)]
+    update_cases = [case for case in args.cases if isinstance(case, UpdateCase)]
+    update_rows = [row for case in update_cases for row in run_update_case(
+        case, small=args.small, repeat=args.repeat, peer_names=peer_names)]
+    if args.memory and memory.supported():
+        notes += [memory_note(case, peer_names, small=args.small) for case in update_cases]
     chunked = [row for case in args.cases if isinstance(case, ChunkedCase)
                for row in run_chunked_case(case, small=args.small, repeat=args.repeat, notes=notes)]
     torch_module = peers.load_torch(thp=False) if "torch" in peer_names else None

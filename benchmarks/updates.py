@@ -11,10 +11,13 @@ a library has several formulations, each is timed and the faster one reported, n
 table. halide_ad's values are checked against the first peer's (`benchmarks.checks`), and its
 forward is run twice more and compared bit for bit (`deterministic`).
 
-Peak memory is not measured for these cases: `benchmarks.memory` runs `Case`s only.
+The backward's peak memory (`benchmarks.memory`, a fresh process per case and library) is measured
+on each library's first differentiable formulation (PyTorch's index_add_ and loop, JAX's .at[].add
+and lax.scan) and reported in the notes.
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import halide_ad as hd
-from benchmarks import peers
+from benchmarks import memory, peers
 from benchmarks.checks import compare_arrays
 from benchmarks.runner import Row
 from benchmarks.timing import measure, time_once
@@ -170,15 +173,20 @@ def jax_splat(img):
 
 @dataclass(frozen=True, slots=True)
 class Formulation:
-    """One way a peer writes the case; `differentiable` is False for one timed forward only."""
+    """One way a peer writes the case; `differentiable` is False for one timed forward only.
+    `skip_memory` says why its backward's peak memory is not measured, where it is not."""
 
     name: str
     fn: Callable
     differentiable: bool = True
+    skip_memory: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class UpdateCase:
+    """One update program in halide_ad, its peers' formulations, its inputs and what its backward
+    differentiates."""
+
     name: str
     description: str
     make_inputs: Callable[[bool], list[np.ndarray]]  # small -> the inputs
@@ -225,7 +233,9 @@ UPDATE_CASES: tuple[UpdateCase, ...] = (
     UpdateCase("recurrence", "y[m, n] = a[m, n] y[m, n-1] + b[m, n] on 512 x 4096 float32, "
                "backward w.r.t. a and b",
                _recurrence_inputs, lambda a, b: a, (0, 1), recurrence,
-               (Formulation("loop", torch_recurrence_loop),),
+               (Formulation("loop", torch_recurrence_loop, skip_memory=(
+                   "the memory process, three forwards and four backwards through the loop's 4096-step "
+                   "graph, ran past 5 minutes")),),
                (Formulation("scan", jax_recurrence_scan),
                 Formulation("associative_scan", jax_recurrence_associative))),
     UpdateCase("splat", "bilateral-grid splat of a 2048^2 RGB float32 image into a (256, 256, 8, 4) "
@@ -357,3 +367,34 @@ def _keep_fastest(row: Row, library: str, timed: dict[str, float], forms: Sequen
         row.variants[library] = name
     print(f"[{row.case}] {library}: {row.phase} "
           + ", ".join(f"{n} {t * 1e3:.3g} ms" for n, t in timed.items()), file=sys.stderr)
+
+
+def memory_programs(case: UpdateCase, *, small: bool) -> tuple[memory.Programs, list[np.ndarray], np.ndarray]:
+    """What `benchmarks.memory` measures of `case`: each library's first differentiable
+    formulation, the inputs and the cotangent."""
+    inputs = case.make_inputs(small)
+    programs = memory.Programs(case.halide_ad, _differentiable(case.torch).fn,
+                               _differentiable(case.jax).fn, case.wrt)
+    return programs, inputs, _cotangent(case, inputs)
+
+
+def _differentiable(forms: Sequence[Formulation]) -> Formulation:
+    return next(f for f in forms if f.differentiable)
+
+
+def memory_note(case: UpdateCase, peer_names: Sequence[str], *, small: bool) -> str:
+    """The backward's peak memory in each library, each from a fresh process, as a note."""
+    figures = []
+    forms = {"torch": _differentiable(case.torch), "jax": _differentiable(case.jax)}
+    for library in ("halide_ad", *peer_names):
+        if library in forms and forms[library].skip_memory:
+            figures.append(f"{library} not measured ({forms[library].skip_memory})")
+            continue
+        try:
+            footprint = memory.measure_in_subprocess(case.name, library, small=small)
+        except subprocess.CalledProcessError as error:
+            figures.append(f"{library} failed ({error})")
+            continue
+        figures.append(f"{library} {footprint.peak:.3g} MiB")
+        print(f"[{case.name}] {library}: backward peak memory {footprint.peak:.3g} MiB", file=sys.stderr)
+    return f"{case.name}: the backward's peak memory (benchmarks/memory.py): {', '.join(figures)}."
