@@ -4,9 +4,10 @@ Prints markdown tables, writes JSON (--json), and exits with status 1 when a lib
 halide_ad's values differ from a peer's. `--small` runs tiny shapes: a smoke test of the runner
 and of halide_ad's correctness on every case, not a measurement.
 
-The kernel cases' backward passes also get their peak memory, each library in a fresh process per
-case (`benchmarks.memory`: 27 processes of 4-15 s for the nine cases at full size; `--no-memory`
-skips the step, and `--small` runs it on the first kernel case only).
+The kernel and update cases' backward passes also get their peak memory, each library in a fresh
+process per case (`benchmarks.memory`: 27 processes of 4-15 s for the nine kernel cases at full
+size; `--no-memory` skips the step, and `--small` runs it on the first kernel case only, and on
+every update case at its tiny shapes).
 
 `--cases` takes case names and group names: `kernels` (the stencil, convolution, pooling,
 resampling and dense gradients), `everyday` (elementwise math, softmax, layer norm, a small
@@ -14,7 +15,9 @@ layer, dispatch, a training step, the first call on empty caches), `checkpoint` 
 of a deep pipeline's gradient with and without `hd.checkpoint`, in the notes), `chunked` (a
 blur on a dask array, chunked, against the whole array and dask-image: `benchmarks.chunked`) and
 `hvp` (the Hessian-vector product of a clamped-stencil energy against one gradient, halide_ad,
-JAX and PyTorch: `benchmarks.hvp`), e.g.
+JAX and PyTorch: `benchmarks.hvp`) and `updates` (a histogram, a linear recurrence and a
+bilateral-grid splat, update definitions, in the everyday table, their backward's peak memory in
+the notes: `benchmarks.updates`), e.g.
 
     python -m benchmarks --cases everyday
     python -m benchmarks --cases chunked --no-memory --repeat 3
@@ -45,6 +48,7 @@ from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
 from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
 from benchmarks.selection import ALL, GROUPS, select
 from benchmarks.torch_thp import measure_in_subprocess
+from benchmarks.updates import UpdateCase, memory_note, run_update_case
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
 
@@ -61,7 +65,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"where to write the results (default {DEFAULT_JSON})")
     parser.add_argument("--markdown", type=Path, help="also write the markdown table here")
     parser.add_argument("--no-memory", dest="memory", action="store_false",
-                        help="skip the kernel cases' backward peak memory (a fresh process per "
+                        help="skip the kernel and update cases' backward peak memory (a fresh process per "
                         "case and library)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
@@ -120,6 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpoint_notes, checkpoint_agrees = checkpoint.report(small=args.small)
         notes += checkpoint_notes
     other_rows: dict[str, Row] = {**call_rows, **cold_rows}
+    update_cases = [case for case in args.cases if isinstance(case, UpdateCase)]
+    update_rows = [row for case in update_cases for row in run_update_case(
+        case, small=args.small, repeat=args.repeat, peer_names=peer_names)]
+    if args.memory and memory.supported():
+        notes += [memory_note(case, peer_names, small=args.small) for case in update_cases]
     chunked = [row for case in args.cases if isinstance(case, ChunkedCase)
                for row in run_chunked_case(case, small=args.small, repeat=args.repeat, notes=notes)]
     hvp = [row for case in args.cases if isinstance(case, HvpCase)
@@ -136,9 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_name = {r.name: r for r in results}
     kernel_results = [r for r in results if r.name in kernels]
     everyday = [row for case in args.cases if case.name not in kernels
-                and not isinstance(case, (CheckpointCase, ChunkedCase, HvpCase))
+                and not isinstance(case, (CheckpointCase, ChunkedCase, HvpCase, UpdateCase))
                 for row in (case_rows(by_name[case.name], bounds) if case.name in by_name
-                            else [other_rows[case.name]])]
+                            else [other_rows[case.name]])] + update_rows
     descriptions = [_description(case, small=args.small) for case in args.cases
                     if case.name not in kernels]
     threads = peers.thread_count()
@@ -157,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(markdown)
     failed = any(r.errors or r.mismatch for r in results)
-    failed |= any(row.errors or row.mismatch for row in (*other_rows.values(), *chunked))
+    failed |= any(row.errors or row.mismatch
+                  for row in (*other_rows.values(), *chunked, *update_rows))
     failed |= any(row.error or row.mismatch for row in hvp)
     failed |= not checkpoint_agrees
     return 1 if failed else 0

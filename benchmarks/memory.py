@@ -21,6 +21,9 @@ high-water mark of the process's RSS (VmHWM in /proc/self/status, reset by writi
 second call - the baseline (kept between calls); `transient` = the second call's peak - RSS before
 it (what a call adds on top of what is already held).
 
+The kernel cases (`benchmarks.cases`) differentiate every input; the update cases
+(`benchmarks.updates`) only their float inputs (`Programs.wrt`).
+
     python -m benchmarks.memory --case blur --library torch --json out.json
 """
 from __future__ import annotations
@@ -38,7 +41,7 @@ import numpy as np
 
 import halide_ad as hd
 from benchmarks import peers
-from benchmarks.cases import CASES, Case
+from benchmarks.cases import CASES
 from benchmarks.child import run_json
 from halide_ad import tiered
 from halide_ad.runtime.buffers import pool
@@ -96,42 +99,74 @@ def _hand_back_free_memory() -> None:
     ctypes.CDLL(None).malloc_trim(0)
 
 
-def _forward(library: str, case: Case, inputs: Sequence[np.ndarray], ct: np.ndarray
+def _forward(library: str, programs: Programs, inputs: Sequence[np.ndarray], ct: np.ndarray
              ) -> Callable[[], tuple[object, Callable[[], Sequence[object]]]]:
-    """A function that runs `case`'s forward with residuals in `library` and returns its output
-    and its backward: a call that returns the gradients once they are computed (the backward
-    holds the residuals)."""
+    """A function that runs the program's forward with residuals in `library` and returns its
+    output and its backward: a call that returns the gradients with respect to the inputs
+    `programs.wrt` once they are computed (the backward holds the residuals)."""
     if library == "halide_ad":
         def forward():
-            out, vjp_fn = hd.vjp(case.halide_ad, *inputs)
-            return out, lambda: vjp_fn(ct)
+            out, vjp_fn = hd.vjp(programs.halide_ad, *inputs)
+            return out, lambda: [g for k, g in enumerate(vjp_fn(ct)) if k in programs.wrt]
         return forward
     if library == "torch":
         torch = peers.load_torch(thp=False)
-        xs = [torch.from_numpy(a).requires_grad_(True) for a in inputs]
+        xs = [torch.from_numpy(a) for a in inputs]
+        wrt = [xs[k].requires_grad_(True) for k in programs.wrt]
         ct_t = torch.from_numpy(ct)
 
         def forward():
-            y = case.torch(*xs)
-            return y, lambda: torch.autograd.grad(y, xs, ct_t, retain_graph=True)
+            y = programs.torch(*xs)
+            return y, lambda: torch.autograd.grad(y, wrt, ct_t, retain_graph=True)
         return forward
     jax = peers.load_jax()
     xs = [jax.device_put(a) for a in inputs]
     ct_j = jax.device_put(ct)
-    vjp = jax.jit(lambda *args: jax.vjp(case.jax, *args))
+
+    def of_wrt(*ws):  # the program as a function of the differentiated inputs
+        full = list(xs)
+        for k, w in zip(programs.wrt, ws, strict=True):
+            full[k] = w
+        return programs.jax(*full)
+
+    vjp = jax.jit(lambda *ws: jax.vjp(of_wrt, *ws))
     apply_vjp = jax.jit(lambda vjp_fn, c: vjp_fn(c))
 
     def forward():
-        out, vjp_fn = jax.block_until_ready(vjp(*xs))
+        out, vjp_fn = jax.block_until_ready(vjp(*(xs[k] for k in programs.wrt)))
         return out, lambda: jax.block_until_ready(apply_vjp(vjp_fn, ct_j))
     return forward
 
 
-def measure(library: str, case: Case, *, small: bool) -> Footprint:
-    """`library`'s backward footprint on `case`, in this process (see the module's doc)."""
+@dataclass(frozen=True, slots=True)
+class Programs:
+    """One case's program in each library, and the inputs its backward differentiates."""
+
+    halide_ad: Callable
+    torch: Callable
+    jax: Callable
+    wrt: tuple[int, ...]
+
+
+def _programs(name: str, *, small: bool) -> tuple[Programs, list[np.ndarray], np.ndarray]:
+    """The case named `name` (a kernel `Case` or an update case): its programs, inputs and
+    cotangent."""
+    from benchmarks.updates import UPDATE_CASES, memory_programs  # (it imports this module)
+
+    update = next((c for c in UPDATE_CASES if c.name == name), None)
+    if update is not None:
+        return memory_programs(update, small=small)
+    case = next(c for c in CASES if c.name == name)
     inputs = case.make_inputs(small=small)
-    ct = case.cotangent(small=small)
-    forward = _forward(library, case, inputs, ct)
+    return (Programs(case.halide_ad, case.torch, case.jax, tuple(range(len(inputs)))), inputs,
+            case.cotangent(small=small))
+
+
+def measure(library: str, case_name: str, *, small: bool) -> Footprint:
+    """`library`'s backward footprint on the case named `case_name`, in this process (see the
+    module's doc)."""
+    programs, inputs, ct = _programs(case_name, small=small)
+    forward = _forward(library, programs, inputs, ct)
     for _ in range(2):  # compile; under tiered execution, until the compiled kernels have run
         forward()[1]()
         tiered.settle()
@@ -153,13 +188,13 @@ def measure(library: str, case: Case, *, small: bool) -> Footprint:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", required=True, choices=[c.name for c in CASES])
+    parser.add_argument("--case", required=True,
+                        help="a kernel case (" + ", ".join(c.name for c in CASES) + ") or an update case")
     parser.add_argument("--library", required=True, choices=LIBRARIES)
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--json", required=True, type=Path, help="where to write the footprint")
     args = parser.parse_args(argv)
-    case = next(c for c in CASES if c.name == args.case)
-    args.json.write_text(json.dumps(asdict(measure(args.library, case, small=args.small))))
+    args.json.write_text(json.dumps(asdict(measure(args.library, args.case, small=args.small))))
 
 
 if __name__ == "__main__":

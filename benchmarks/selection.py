@@ -10,6 +10,8 @@
   `benchmarks.chunked`).
 * `hvp`: the Hessian-vector product of a clamped-stencil energy against one gradient, forward over
   reverse and reverse over reverse, against JAX and PyTorch (issue 28, `benchmarks.hvp`).
+* `updates`: a histogram, a linear recurrence and a bilateral-grid splat, update definitions
+  (issue 29, `benchmarks.updates`), in the everyday table.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from benchmarks.checkpoint import CHECKPOINT, CheckpointCase
 from benchmarks.chunked import CHUNKED_BLUR, ChunkedCase
 from benchmarks.everyday import EVERYDAY_CASES, FIRST_CALL, FirstCall
 from benchmarks.hvp import HVP, HvpCase
+from benchmarks.updates import UPDATE_CASES, UpdateCase
 
-AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase | HvpCase
+AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase | HvpCase | UpdateCase
 
 GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "kernels": CASES,
@@ -30,6 +33,7 @@ GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "checkpoint": (CHECKPOINT,),
     "chunked": (CHUNKED_BLUR,),
     "hvp": (HVP,),
+    "updates": UPDATE_CASES,
 }
 ALL: tuple[AnyCase, ...] = tuple(case for group in GROUPS.values() for case in group)
 BY_NAME: dict[str, AnyCase] = {case.name: case for case in ALL}
