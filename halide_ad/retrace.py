@@ -165,7 +165,7 @@ def _piece_term(state: TraceState, piece, js: tuple[Var, ...], adj: Adjoint, ren
     over an rdom with a `where` (the piece's loops); None where the piece is empty."""
     piece = _pinned_loops_fixed(piece)
     # The loops' variables become rdom variables, named as the trace names them: a Func inlined
-    # into another (runtime/fusion.py) must not capture its reader's variables.
+    # into another (runtime/inline.py) must not capture its reader's variables.
     fresh = {loop.var: Var(state.fresh_name("r")) for loop in piece.loops}
     local = lambda e: substitute(rename(e), fresh)  # noqa: E731
     value = cast(adj.dtype, local(piece.value))
