@@ -144,15 +144,10 @@ def check_bounds(func: Func, buffer_of: Callable[[str], Buffer]) -> Func:
     for load, conds in guarded_loads(body, base):
         shape = buffer_of(load.buffer).shape
         for d, (e, n) in enumerate(zip(load.index, shape, strict=True)):
-            if checked_at_run_time(e):
-                continue
-            iv = interval(e, ranges)
-            if iv is not None and 0 <= iv[0] and iv[1] < n:
-                continue
-            example = _counterexample(e, n, domain, conds)
+            example = out_of_range(e, n, domain, conds, ranges)
             if example is None:
                 continue
-            if example is _UNSETTLED:
+            if example is UNSETTLED:
                 unsettled.setdefault(load, set()).add(d)
                 continue
             raise BoundsError(_bounds_message(load, d, n, example, func), load.loc or func.loc)
@@ -173,12 +168,24 @@ def check_bounds(func: Func, buffer_of: Callable[[str], Buffer]) -> Func:
     return dataclasses.replace(func, body=rewrite(func.body, mark))
 
 
-_UNSETTLED = object()  # z3 answered unknown (its time limit) or cannot express the index
+UNSETTLED = object()  # z3 answered unknown (its time limit) or cannot express the index
+
+
+def out_of_range(e: Expr, n: int, domain, conds, ranges: dict[Var, Interval]) -> dict[str, int] | object | None:
+    """A point of `domain` (under `conds`) where index `e` leaves [0, n); None where it cannot, or
+    where the kernels check it when they run (it reads data); UNSETTLED where z3 cannot decide.
+    Interval analysis over `ranges` (the domain's box) settles most indices before z3 is asked."""
+    if checked_at_run_time(e):
+        return None
+    iv = interval(e, ranges)
+    if iv is not None and 0 <= iv[0] and iv[1] < n:
+        return None
+    return _counterexample(e, n, domain, conds)
 
 
 def _counterexample(e: Expr, n: int, domain, conds) -> dict[str, int] | object | None:
     """A point of the domain where `e` leaves [0, n); None once z3 proves there is none;
-    _UNSETTLED when z3 cannot decide."""
+    UNSETTLED when z3 cannot decide."""
     q = Query()
     try:
         for r in domain:
@@ -188,12 +195,12 @@ def _counterexample(e: Expr, n: int, domain, conds) -> dict[str, int] | object |
             q.add(q.to_z3(c))
         value = q.to_z3(e)
     except Unsupported:
-        return _UNSETTLED
+        return UNSETTLED
     q.add(q.either(value < 0, value >= n))
     result = q.check()
     if result == "unsat":
         return None
-    return q.model_values([r.var for r in domain]) if result == "sat" else _UNSETTLED
+    return q.model_values([r.var for r in domain]) if result == "sat" else UNSETTLED
 
 
 def _bounds_message(load: Load, dim: int, n: int, example: dict[str, int], func: Func) -> str:

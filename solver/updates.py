@@ -22,7 +22,7 @@ import z3
 from halide_ad.errors import BoundsError
 from halide_ad.ir import RUN_TIME_CHECKED, Call, Load, Op, Scatter, Update, Var, const
 from halide_ad.update_ad import combine, is_own_read, reads_self
-from halide_ad.solver.bounds import _UNSETTLED, _counterexample, box, checked_at_run_time, interval
+from halide_ad.solver.bounds import UNSETTLED, box, checked_at_run_time, out_of_range
 from halide_ad.solver.invert import Gather, invert
 from halide_ad.solver.z3_bridge import Query, Unsupported
 from halide_ad.traverse import simplify, substitute, walk
@@ -168,15 +168,10 @@ def check_write_bounds(u: Update) -> Update:
     conds = (u.where,) if u.where is not None else ()
     index = list(u.index)
     for d, (e, n) in enumerate(zip(u.index, u.shape, strict=True)):
-        if checked_at_run_time(e):
-            continue
-        iv = interval(e, box(domain))
-        if iv is not None and 0 <= iv[0] and iv[1] < n:
-            continue
-        example = _counterexample(e, n, domain, conds)
+        example = out_of_range(e, n, domain, conds, box(domain))
         if example is None:
             continue
-        if example is _UNSETTLED:
+        if example is UNSETTLED:
             index[d] = Call(RUN_TIME_CHECKED, (e,))
             continue
         at = ", ".join(f"{k} = {v}" for k, v in example.items())
