@@ -13,12 +13,7 @@ conv2d = hd_jax.function(P.conv2d)
 blur1d = hd_jax.function(P.blur1d)
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("jax_x64")
 
 
 def reference_conv(x, w):

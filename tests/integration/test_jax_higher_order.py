@@ -17,12 +17,7 @@ take = hd_jax.function(IP.take)
 conv2d = hd_jax.function(P.conv2d)
 
 
-@pytest.fixture(autouse=True)
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
+pytestmark = pytest.mark.usefixtures("jax_x64")
 
 
 def jax_energy(u, target):
@@ -33,7 +28,7 @@ def jax_energy(u, target):
 
 
 @pytest.fixture
-def problem(x64):
+def problem(jax_x64):
     rng = np.random.default_rng(5)
     return tuple(jnp.asarray(rng.standard_normal((3, 4))) for _ in range(3))
 
