@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from halide_ad import config, disk_cache
 from halide_ad.ad import read_by_gradients, reverse_mode
-from halide_ad.ir import Adjoint, Load, Program, Reduce, Update, adjoint_name, is_float
+from halide_ad.ir import Adjoint, Load, Program, Reduce, Update, adjoint_name, is_float, show
 from halide_ad.runtime.kernels import emit_backward, emit_forward, settings as codegen_settings
 from halide_ad.runtime.schedule.rfactor import split_reduction
 from halide_ad.runtime.compile import compile_kernel
@@ -31,7 +31,7 @@ from halide_ad.runtime.plans import AdjointPlan, gather_vars
 from halide_ad.runtime.route import engines, route, with_engine
 from halide_ad.runtime.schedule import piece_exprs
 from halide_ad.runtime.updates import compile_with_updates, emit_reverse_scan
-from halide_ad.show import show, show_scatter
+from halide_ad.show import show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
 from halide_ad.traverse import walk
 

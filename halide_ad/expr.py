@@ -37,26 +37,26 @@ class Expr:
     def __repr__(self) -> str:
         return f"hd.Expr({self.node})"
 
-    def __add__(self, o): return binary(ir.Op.ADD, self, o)
-    def __radd__(self, o): return binary(ir.Op.ADD, o, self)
-    def __sub__(self, o): return binary(ir.Op.SUB, self, o)
-    def __rsub__(self, o): return binary(ir.Op.SUB, o, self)
-    def __mul__(self, o): return binary(ir.Op.MUL, self, o)
-    def __rmul__(self, o): return binary(ir.Op.MUL, o, self)
-    def __truediv__(self, o): return binary(ir.Op.DIV, self, o)
-    def __rtruediv__(self, o): return binary(ir.Op.DIV, o, self)
-    def __floordiv__(self, o): return binary(ir.Op.FLOORDIV, self, o)
-    def __rfloordiv__(self, o): return binary(ir.Op.FLOORDIV, o, self)
-    def __mod__(self, o): return binary(ir.Op.MOD, self, o)
-    def __rmod__(self, o): return binary(ir.Op.MOD, o, self)
-    def __pow__(self, o): return binary(ir.Op.POW, self, o)
-    def __rpow__(self, o): return binary(ir.Op.POW, o, self)
-    def __eq__(self, o): return binary(ir.Op.EQ, self, o)  # type: ignore[override]
-    def __ne__(self, o): return binary(ir.Op.NE, self, o)  # type: ignore[override]
-    def __lt__(self, o): return binary(ir.Op.LT, self, o)
-    def __le__(self, o): return binary(ir.Op.LE, self, o)
-    def __gt__(self, o): return binary(ir.Op.GT, self, o)
-    def __ge__(self, o): return binary(ir.Op.GE, self, o)
+    def __add__(self, o): return _operator(ir.Op.ADD, self, o)
+    def __radd__(self, o): return _operator(ir.Op.ADD, o, self)
+    def __sub__(self, o): return _operator(ir.Op.SUB, self, o)
+    def __rsub__(self, o): return _operator(ir.Op.SUB, o, self)
+    def __mul__(self, o): return _operator(ir.Op.MUL, self, o)
+    def __rmul__(self, o): return _operator(ir.Op.MUL, o, self)
+    def __truediv__(self, o): return _operator(ir.Op.DIV, self, o)
+    def __rtruediv__(self, o): return _operator(ir.Op.DIV, o, self)
+    def __floordiv__(self, o): return _operator(ir.Op.FLOORDIV, self, o)
+    def __rfloordiv__(self, o): return _operator(ir.Op.FLOORDIV, o, self)
+    def __mod__(self, o): return _operator(ir.Op.MOD, self, o)
+    def __rmod__(self, o): return _operator(ir.Op.MOD, o, self)
+    def __pow__(self, o): return _operator(ir.Op.POW, self, o)
+    def __rpow__(self, o): return _operator(ir.Op.POW, o, self)
+    def __eq__(self, o): return _operator(ir.Op.EQ, self, o)  # type: ignore[override]
+    def __ne__(self, o): return _operator(ir.Op.NE, self, o)  # type: ignore[override]
+    def __lt__(self, o): return _operator(ir.Op.LT, self, o)
+    def __le__(self, o): return _operator(ir.Op.LE, self, o)
+    def __gt__(self, o): return _operator(ir.Op.GT, self, o)
+    def __ge__(self, o): return _operator(ir.Op.GE, self, o)
     def __and__(self, o): return logical(ir.Op.AND, self, o)
     def __rand__(self, o): return logical(ir.Op.AND, o, self)
     def __or__(self, o): return logical(ir.Op.OR, self, o)
@@ -73,7 +73,9 @@ class Expr:
         raise TraceError(_CONTROL_FLOW_HINT.format(e=self.node), user_loc())
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return array_ufunc(ufunc, method, inputs, kwargs)
+        if any(isinstance(x, TensorLike) for x in inputs):
+            return NotImplemented  # numpy then asks the Tensor, which broadcasts
+        return array_ufunc(ufunc, method, inputs, kwargs, binary)
 
     def __array_function__(self, func, types, args, kwargs):
         return array_function(func, args)
@@ -93,6 +95,24 @@ class Expr:
                          "it either: read it through a boundary view, hd.repeat_edge(a)[i, j]", user_loc())
 
     __int__ = __float__ = __index__ = __complex__ = __iter__ = __array__ = _not_a_number
+
+
+class TensorLike:
+    """Base of the whole symbolic arrays, `Tensor` and `BoundaryView` (halide_ad/tensor.py). They
+    are built on element expressions, so this module knows them only by this base: an Expr's
+    operator meeting one returns NotImplemented, and Python hands the operation to the Tensor's
+    reflected operator, which broadcasts."""
+
+    __slots__ = ()
+
+
+def is_tensorlike(x) -> bool:
+    return isinstance(x, TensorLike)
+
+
+def _operator(op: ir.Op, a, b):
+    """An Expr's arithmetic or comparison operator."""
+    return NotImplemented if is_tensorlike(a) or is_tensorlike(b) else binary(op, a, b)
 
 
 Scalar = Expr | int | float | bool
@@ -116,8 +136,7 @@ def to_node(x, like: str | None = None) -> ir.Expr:
     if isinstance(x, numbers.Real):
         dtype = like if like in ir.FLOAT_DTYPES else "float64"
         return ir.const(float(x), dtype)
-    from halide_ad.tensor import Tensor, BoundaryView
-    if isinstance(x, (Tensor, BoundaryView)):
+    if is_tensorlike(x):
         raise TraceError(f"a whole tensor ({x}) was used where one element is expected; index it, "
                          "e.g. t[i, j], inside hd.compute", user_loc())
     if isinstance(x, np.ndarray) and x.ndim == 0:  # a captured 0-d array (halide_ad/capture.py)
@@ -171,7 +190,6 @@ _HD_NAMES = {"absolute": "abs", "fabs": "abs", "rint": "round", "arctan2": "atan
 
 
 def _symbolic_operand(values):
-    from halide_ad.tensor import is_tensorlike
     return next((v for v in values if isinstance(v, Expr) or is_tensorlike(v)), None)
 
 
@@ -182,10 +200,11 @@ def _use_instead(name: str) -> str:
     return "halide_ad has no such function: build it from hd's math (hd.exp, hd.where, hd.sum, ...)"
 
 
-def array_ufunc(ufunc, method: str, inputs: tuple, kwargs: dict):
-    """numpy ufuncs on symbolic values: the operators build IR; anything else is a TraceError."""
+def array_ufunc(ufunc, method: str, inputs: tuple, kwargs: dict, combine):
+    """numpy ufuncs on symbolic values: the operators build IR (`combine(op, a, b)`: `binary` on
+    elements, `tensor_binary` on tensors); anything else is a TraceError."""
     if method == "__call__" and not kwargs and ufunc in _UFUNC_OPS and len(inputs) == 2:
-        return binary(_UFUNC_OPS[ufunc], *inputs)
+        return combine(_UFUNC_OPS[ufunc], *inputs)
     if method == "__call__" and not kwargs and ufunc in (np.negative, np.positive) and len(inputs) == 1:
         return -inputs[0] if ufunc is np.negative else inputs[0]
     x = _symbolic_operand(inputs)
@@ -204,9 +223,7 @@ def array_function(func, args: tuple):
 
 
 def binary(op: ir.Op, a, b):
-    from halide_ad.tensor import is_tensorlike, tensor_binary
-    if is_tensorlike(a) or is_tensorlike(b):
-        return tensor_binary(op, a, b)
+    """`a op b` on elements (Exprs and Python numbers)."""
     if not (is_symbolic(a) or is_symbolic(b)):
         return _python_binary(op, a, b)
     weak = _is_weak(a, b)

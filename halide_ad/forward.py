@@ -22,9 +22,10 @@ from halide_ad.ad import BIN_RULES, CALL_RULES, _exclusive_product
 from halide_ad.api import as_function
 from halide_ad.trees import flatten, flatten_values, restructure
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, TraceError, user_loc
-from halide_ad.expr import Expr as FrontExpr
+from halide_ad.expr import Expr as FrontExpr, is_tensorlike
 from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Select, Var
-from halide_ad.tensor import BoundaryView, Tensor, add_func, captured, compute, is_tensorlike
+from halide_ad.stages import add_func
+from halide_ad.tensor import BoundaryView, Tensor, captured, compute
 from halide_ad.trace import current, require
 from halide_ad.traverse import flat_index, simplify, substitute, walk
 

@@ -2,12 +2,14 @@
 whole Tensors (numpy broadcasting), and on plain Python numbers."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from halide_ad import ir
 from halide_ad.errors import TraceError, user_loc
-from halide_ad.expr import Expr, binary, call, select
-from halide_ad.tensor import is_tensorlike, map_elementwise, reduce
+from halide_ad.expr import Expr, binary, call, is_tensorlike, select
+from halide_ad.tensor import map_elementwise, reduce
 from halide_ad.trace import current
 
 
@@ -43,7 +45,7 @@ sin = _unary("sin", np.sin)
 cos = _unary("cos", np.cos)
 tan = _unary("tan", np.tan)
 tanh = _unary("tanh", np.tanh)
-erf = _unary("erf", np.vectorize(__import__("math").erf))
+erf = _unary("erf", np.vectorize(math.erf))
 abs = _unary("abs", np.abs)  # noqa: A001  (hd.abs is the DSL's spelling)
 sign = _unary("sign", np.sign)
 floor = _unary("floor", np.floor)

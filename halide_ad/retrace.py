@@ -34,7 +34,8 @@ from halide_ad.runtime.plans import gather_vars
 from halide_ad.solver import Fallback, invert
 from halide_ad.solver.bounds import interval
 from halide_ad.solver.invert import GatherPiece
-from halide_ad.tensor import BoundaryView, Tensor, _lift_reductions, add_func, compute
+from halide_ad.stages import add_func, lift_reductions
+from halide_ad.tensor import BoundaryView, Tensor, compute
 from halide_ad.trace import TraceState, current
 from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
 from halide_ad.trees import flatten
@@ -229,7 +230,7 @@ def _pinned(guard: Expr, var: Var) -> Expr | None:
 
 def _lifted(state: TraceState, value: Expr, guards: list[Expr], ranges: dict[Var, Range], js,
             adj: Adjoint) -> Expr:
-    """`value` with each reduction nested in it given a Func of its own (`_lift_reductions`, which
+    """`value` with each reduction nested in it given a Func of its own (`lift_reductions`, which
     reads the loops' ranges from the trace state, so they are put there for the while). Each such
     Func runs over the whole box of its variables, so the guards it can test join its `where`:
     outside them it would read out of bounds."""
@@ -244,7 +245,7 @@ def _lifted(state: TraceState, value: Expr, guards: list[Expr], ranges: dict[Var
     saved = {v: state.var_ranges[v] for v in ranges if v in state.var_ranges}
     state.var_ranges.update(ranges)
     try:
-        return _lift_reductions(state, value, js, f"d_{adj.buffer}")
+        return lift_reductions(state, value, js, f"d_{adj.buffer}")
     finally:
         for v in ranges:
             state.var_ranges.pop(v, None)

@@ -1,22 +1,24 @@
-"""Symbolic tensors and the DSL that builds Funcs: `compute`, `rdom`, reductions, boundary views,
-and the numpy-style sugar (broadcasting arithmetic, reshape, transpose, slicing)."""
+"""Symbolic tensors: `Tensor` (a function's input or `hd.compute`'s result), boundary views,
+`hd.full` and `hd.zeros`, and the numpy-style sugar on them (broadcasting arithmetic, reductions
+over axes, reshape, transpose, slicing). The Funcs behind them are built in halide_ad/stages.py;
+`t[index] = value` is an update definition (halide_ad/updates.py)."""
 from __future__ import annotations
 
 import dis
-import inspect
 import math
 import numbers
 import sys
 
 import numpy as np
 
-from halide_ad import config, ir
+from halide_ad import ir
 from halide_ad.capture import captured_buffer
-from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, is_user_frame, user_loc
-from halide_ad.expr import Expr, array_function, array_ufunc, binary, to_node
-from halide_ad.solver.bounds import check_bounds, func_domain, guarded_loads, interval
-from halide_ad.trace import TraceState, current, require
-from halide_ad.traverse import free_vars, rewrite, substitute
+from halide_ad.errors import BoundsError, ShapeError, SourceLoc, TraceError, user_loc
+from halide_ad.expr import Expr, TensorLike, array_function, array_ufunc, binary, is_tensorlike, to_node
+from halide_ad.solver.bounds import interval
+from halide_ad.stages import check_shape, define, element, index_nodes, rdom, reduce_rdom
+from halide_ad.trace import current, require
+from halide_ad.updates import set_item
 
 
 class Shape(tuple):
@@ -51,24 +53,7 @@ class Shape(tuple):
 
 _UNPACK_SEQUENCE = dis.opmap["UNPACK_SEQUENCE"]
 _EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
-_STORES = {"STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL"}
-
-
-def _assigned_names(frame, count: int) -> list[str] | None:
-    """The names that the caller's statement assigns the call's result to (`c, r, s = hd.rdom(...)`
-    gives ["c", "r", "s"]), read from its bytecode; None where it does not store plain names."""
-    following = [ins for ins in dis.get_instructions(frame.f_code) if ins.offset > frame.f_lasti][:count + 1]
-    if count > 1:
-        if not following or following[0].opname != "UNPACK_SEQUENCE" or following[0].arg != count:
-            return None
-        following = following[1:]
-    stores = following[:count]
-    if len(stores) != count or any(ins.opname not in _STORES for ins in stores):
-        return None
-    return [ins.argval for ins in stores]
-
-
-class Tensor:
+class Tensor(TensorLike):
     """A whole symbolic array while tracing: a function input or the result of `hd.compute`."""
 
     __slots__ = ("buffer", "last_item")
@@ -90,13 +75,14 @@ class Tensor:
         index = index if isinstance(index, tuple) else (index,)
         state = current()
         if (state is not None and state.compute_vars is not None) or any(isinstance(i, Expr) for i in index):
-            return element(self, index)
+            return element(self.buffer, index)
         out = slice_tensor(self, index)
         self.last_item = (index, out.name) if out.ndim == 0 and state is not None else None
         return out
 
     def __setitem__(self, index, value):
-        from halide_ad.updates import set_item  # update definitions (halide_ad/updates.py)
+        if isinstance(value, Tensor) and value.ndim == 0:  # `t[0] += 1` reads t[0] as a 0-d slice
+            value = element(value.buffer, ())
         set_item(self, index, value)
 
     def __bool__(self):
@@ -119,7 +105,7 @@ class Tensor:
     __int__ = __float__ = __index__ = __complex__ = __array__ = _not_a_number
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return array_ufunc(ufunc, method, inputs, kwargs)
+        return array_ufunc(ufunc, method, inputs, kwargs, tensor_binary)
 
     def __array_function__(self, func, types, args, kwargs):
         if func in (np.shape, np.ndim, np.size) and len(args) == 1 and not kwargs:
@@ -131,24 +117,26 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __add__(self, o): return binary(ir.Op.ADD, self, o)
-    def __radd__(self, o): return binary(ir.Op.ADD, o, self)
-    def __sub__(self, o): return binary(ir.Op.SUB, self, o)
-    def __rsub__(self, o): return binary(ir.Op.SUB, o, self)
-    def __mul__(self, o): return binary(ir.Op.MUL, self, o)
-    def __rmul__(self, o): return binary(ir.Op.MUL, o, self)
-    def __truediv__(self, o): return binary(ir.Op.DIV, self, o)
-    def __rtruediv__(self, o): return binary(ir.Op.DIV, o, self)
-    def __floordiv__(self, o): return binary(ir.Op.FLOORDIV, self, o)
-    def __mod__(self, o): return binary(ir.Op.MOD, self, o)
-    def __pow__(self, o): return binary(ir.Op.POW, self, o)
-    def __rpow__(self, o): return binary(ir.Op.POW, o, self)
-    def __lt__(self, o): return binary(ir.Op.LT, self, o)
-    def __le__(self, o): return binary(ir.Op.LE, self, o)
-    def __gt__(self, o): return binary(ir.Op.GT, self, o)
-    def __ge__(self, o): return binary(ir.Op.GE, self, o)
-    def __eq__(self, o): return binary(ir.Op.EQ, self, o)  # type: ignore[override]
-    def __ne__(self, o): return binary(ir.Op.NE, self, o)  # type: ignore[override]
+    def __add__(self, o): return tensor_binary(ir.Op.ADD, self, o)
+    def __radd__(self, o): return tensor_binary(ir.Op.ADD, o, self)
+    def __sub__(self, o): return tensor_binary(ir.Op.SUB, self, o)
+    def __rsub__(self, o): return tensor_binary(ir.Op.SUB, o, self)
+    def __mul__(self, o): return tensor_binary(ir.Op.MUL, self, o)
+    def __rmul__(self, o): return tensor_binary(ir.Op.MUL, o, self)
+    def __truediv__(self, o): return tensor_binary(ir.Op.DIV, self, o)
+    def __rtruediv__(self, o): return tensor_binary(ir.Op.DIV, o, self)
+    def __floordiv__(self, o): return tensor_binary(ir.Op.FLOORDIV, self, o)
+    def __rfloordiv__(self, o): return tensor_binary(ir.Op.FLOORDIV, o, self)
+    def __mod__(self, o): return tensor_binary(ir.Op.MOD, self, o)
+    def __rmod__(self, o): return tensor_binary(ir.Op.MOD, o, self)
+    def __pow__(self, o): return tensor_binary(ir.Op.POW, self, o)
+    def __rpow__(self, o): return tensor_binary(ir.Op.POW, o, self)
+    def __lt__(self, o): return tensor_binary(ir.Op.LT, self, o)
+    def __le__(self, o): return tensor_binary(ir.Op.LE, self, o)
+    def __gt__(self, o): return tensor_binary(ir.Op.GT, self, o)
+    def __ge__(self, o): return tensor_binary(ir.Op.GE, self, o)
+    def __eq__(self, o): return tensor_binary(ir.Op.EQ, self, o)  # type: ignore[override]
+    def __ne__(self, o): return tensor_binary(ir.Op.NE, self, o)  # type: ignore[override]
     def __neg__(self): return map_elementwise(lambda a: -a, (self,), "neg")
     def __matmul__(self, o): return matmul(self, o)
     def __hash__(self):  # == builds an expression, so a Tensor cannot be a dict key (as JAX's tracers)
@@ -176,7 +164,7 @@ class Tensor:
         return transpose(self, None)
 
 
-class BoundaryView:
+class BoundaryView(TensorLike):
     """A tensor that any integer index may read: `repeat_edge`, `constant_exterior`, `mirror`."""
 
     __slots__ = ("tensor", "kind", "value")
@@ -197,7 +185,7 @@ class BoundaryView:
 
     def __getitem__(self, index):
         index = index if isinstance(index, tuple) else (index,)
-        nodes = _index_nodes(self.tensor, index)
+        nodes = index_nodes(self.tensor.buffer, index)
         if self.kind == "constant_exterior":
             inside = [ir.Bin(ir.Op.AND, ir.Bin(ir.Op.GE, e, ir.const(0)), ir.Bin(ir.Op.LT, e, ir.const(n)))
                       for e, n in zip(nodes, self.shape, strict=True)]
@@ -265,177 +253,30 @@ def _mirror_index(e: ir.Expr, n: int) -> ir.Expr:
     return ir.Bin(ir.Op.SUB, ir.const(n - 1), ir.Call("abs", (ir.Bin(ir.Op.SUB, ir.const(n - 1), folded),)))
 
 
-def is_tensorlike(x) -> bool:
-    return isinstance(x, (Tensor, BoundaryView))
-
-
-def _index_nodes(t: Tensor, index: tuple) -> tuple[ir.Expr, ...]:
-    if len(index) != t.ndim:
-        raise ShapeError(f"{t.name} has {t.ndim} dimension(s) (shape {t.shape}) but was indexed "
-                         f"with {len(index)} index(es)", user_loc())
-    nodes = []
-    for i in index:
-        node = to_node(i)
-        if ir.dtype_of(node) not in ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32"):
-            raise TraceError(f"the index `{node}` into {t.name} is {ir.dtype_of(node)}; indices must "
-                             "be integers (use hd.cast(x, 'int64') or hd.floor first)", user_loc())
-        nodes.append(ir.cast(ir.INDEX_DTYPE, node))
-    return tuple(nodes)
-
-
 def captured(array: np.ndarray) -> Tensor:
     """The Tensor over a numpy array that the traced function captured (halide_ad/capture.py)."""
     return Tensor(captured_buffer(array))
 
 
-def element(t: Tensor, index: tuple) -> Expr:
-    return Expr(ir.Load(t.name, _index_nodes(t, index), t.buffer.dtype, user_loc()))
-
-
-# ---- compute and rdom ---------------------------------------------------------------------------
-
-def _check_shape(shape, what: str) -> tuple[int, ...]:
-    shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
-    for n in shape:
-        if not isinstance(n, numbers.Integral) or isinstance(n, bool):
-            raise ShapeError(f"{what} {shape} must hold Python ints, got {type(n).__name__} {n!r}", user_loc())
-        if n <= 0:
-            raise ShapeError(f"{what} {shape} has a dimension of size {n}; every extent must be "
-                             "positive", user_loc())
-    if math.prod(shape) > MAX_ELEMENTS:
-        raise ShapeError(f"{what} {shape} has {math.prod(shape):.3g} elements, more than any machine "
-                         f"can hold (halide_ad's limit is 2**{MAX_ELEMENTS.bit_length() - 1}); "
-                         "check the sizes", user_loc())
-    return tuple(int(n) for n in shape)
-
-
-MAX_ELEMENTS = 2 ** 48  # 2 PiB of float64: far past any machine, and far from int64 index overflow
-
-
-_DEFAULT_VAR_NAMES = ("i", "j", "k", "l", "m", "n")
-
-
-def _param_names(fn, count: int) -> list[str]:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    if params and params[0].kind is inspect.Parameter.VAR_POSITIONAL:
-        return list(_DEFAULT_VAR_NAMES[:count]) if count <= 6 else [f"i{d}" for d in range(count)]
-    if len(params) != count:
-        raise ShapeError(f"hd.compute got a shape of {count} dimension(s) but a function of "
-                         f"{len(params)} argument(s); give it one index variable per dimension", user_loc())
-    return [p.name for p in params]
-
+# ---- compute, full, zeros -----------------------------------------------------------------------
 
 def compute(shape, fn, name: str | None = None) -> Tensor:
     """A new Tensor whose element at index vars `(i, ...)` is `fn(i, ...)`."""
-    state = require("hd.compute")
-    if not callable(fn):
-        raise TraceError(f"hd.compute needs a function of the index variables, e.g. lambda i, j: ..., "
-                         f"got {type(fn).__name__} {fn!r}", user_loc())
-    if state.compute_vars is not None:
-        raise TraceError("hd.compute was called inside another hd.compute's function; build the "
-                         "inner tensor first, outside, and index it", user_loc())
-    shape = _check_shape(shape, "hd.compute's shape")
-    loc = user_loc()
-    names = _param_names(fn, len(shape))
-    fvars = tuple(ir.Var(n if n not in state.names else n + "_") for n in names)
-    if len(set(fvars)) != len(fvars):
-        raise TraceError(f"hd.compute's function repeats an index variable name: {names}", loc)
-    for v, n in zip(fvars, shape, strict=True):
-        state.var_ranges[v] = ir.Range(v, 0, n)
-    state.compute_vars = fvars
-    try:
-        result = fn(*(Expr(v) for v in fvars))
-    finally:
-        state.compute_vars = None
-    if is_tensorlike(result):
-        raise TraceError(f"hd.compute's function returned the whole tensor {result}; return one "
-                         "element, e.g. t[i, j]", loc)
-    body = to_node(result)
-    fname = state.fresh_name(name or getattr(fn, "__name__", "f").replace("<lambda>", "f"))
-    body = _lift_reductions(state, body, fvars, fname)
-    if name is not None and is_user_frame(sys._getframe(1)):
-        state.named.append(fname)  # named by the user, not by halide_ad's own sugar: hd.adjoints shows it
-    return Tensor(add_func(state, ir.Func(fname, fvars, shape, body, ir.dtype_of(body), loc)).buffer)
+    return Tensor(define(shape, fn, name, sys._getframe(1)))
 
 
-def add_func(state: TraceState, func: ir.Func) -> ir.Func:
-    domain, _ = func_domain(func)
-    points = math.prod(r.hi - r.lo for r in domain)
-    if points > config.max_points():
-        rdoms = [(r.lo, r.hi) for r in domain[len(func.domain):]]
-        raise ShapeError(f"{func.name} loops over {points:.3g} points (shape {func.shape}"
-                         + (f", reduction ranges {rdoms}" if rdoms else "")
-                         + f"), past halide_ad's limit of {config.max_points():.3g} points per stage, which "
-                         "stops a wrong size from running for hours; check the sizes, or raise the "
-                         "limit with the environment variable HALIDE_AD_MAX_POINTS", func.loc)
-    func = check_bounds(func, state.buffer)
-    state.funcs.append(func)
-    return func
+def full(shape, value, dtype="float64", *, name: str = "full") -> Tensor:
+    """A Tensor of `shape` holding `value` everywhere: a start for update definitions."""
+    require(f"hd.{name}")
+    dtype = np.dtype(dtype).name
+    shape = check_shape(shape, f"hd.{name}'s shape")
+    fill = ir.const(np.array(value).astype(dtype).item(), dtype)
+    return compute(shape, lambda *i: Expr(fill), name=name)
 
 
-def _lift_reductions(state: TraceState, body: ir.Expr, fvars, fname: str) -> ir.Expr:
-    """Give each Reduce that is not the whole body a Func of its own, over the vars it uses.
-
-    `hd.compute(s, lambda i, j: x[i, j] - hd.max(x[i, r]))` becomes `m[i] = max(x[i, r] ...)`
-    and `out[i, j] = x[i, j] - m[i]`, so every Func is pointwise or one reduction.
-    """
-    lifted: dict[ir.Reduce, ir.Load] = {}  # hd.relu(hd.sum(...)) holds its sum twice: lift it once
-
-    def lift(node: ir.Expr) -> ir.Expr | None:
-        if not isinstance(node, ir.Reduce) or node is root:
-            return None
-        if node in lifted:
-            return lifted[node]
-        used = free_vars(node)
-        order = list(fvars) + [v for v in state.var_ranges if v not in fvars]
-        lvars = [v for v in order if v in used]
-        ranges = [state.var_ranges[v] for v in lvars]
-        shifted = {v: ir.Bin(ir.Op.ADD, v, ir.const(r.lo)) for v, r in zip(lvars, ranges, strict=True) if r.lo}
-        lbody = substitute(node, shifted)
-        lname = state.fresh_name(f"{fname}_{node.op}")
-        func = add_func(state, ir.Func(lname, tuple(lvars), tuple(r.extent for r in ranges), lbody,
-                                       ir.dtype_of(lbody), node.loc))
-        index = tuple(ir.Bin(ir.Op.SUB, v, ir.const(r.lo)) if r.lo else v for v, r in zip(lvars, ranges, strict=True))
-        lifted[node] = ir.Load(func.name, index, func.dtype, node.loc)
-        return lifted[node]
-
-    root = body if isinstance(body, ir.Reduce) else None
-    return rewrite(body, lift)
-
-
-def rdom(*extents, where=None):
-    """Reduction variables over a box: an extent is an int n ([0, n)) or a (lo, hi) pair."""
-    state = require("hd.rdom")
-    if not extents:
-        raise ShapeError("hd.rdom needs at least one extent, e.g. hd.rdom(3)", user_loc())
-    rvars = []
-    caller = sys._getframe(1)  # the user's names; halide_ad's own reductions keep `r`
-    names = (is_user_frame(caller) and _assigned_names(caller, len(extents))) or ["r"] * len(extents)
-    for e, name in zip(extents, names, strict=True):
-        lo, hi = (0, e) if not isinstance(e, (tuple, list)) else tuple(e)
-        for b in (lo, hi):
-            if not isinstance(b, numbers.Integral) or isinstance(b, bool):
-                raise ShapeError(f"hd.rdom extent {e!r} must be an int or a (lo, hi) pair of ints", user_loc())
-        if hi <= lo:
-            raise ShapeError(f"hd.rdom extent {e!r} is empty; extents must be positive", user_loc())
-        if max(abs(lo), abs(hi)) > MAX_ELEMENTS:
-            raise ShapeError(f"hd.rdom extent {e!r} reaches past 2**{MAX_ELEMENTS.bit_length() - 1}, "
-                             "beyond any array halide_ad can index; check the sizes", user_loc())
-        v = ir.Var(state.fresh_name(name, loop_var=True))
-        state.var_ranges[v] = ir.Range(v, int(lo), int(hi))
-        state.reduction_vars.add(v)
-        rvars.append(v)
-    if where is not None:
-        pred = to_node(where(*(Expr(v) for v in rvars)))
-        if ir.dtype_of(pred) != "bool":
-            raise TraceError(f"hd.rdom's where= must return a condition, got `{pred}`", user_loc())
-        for v in rvars:
-            state.rdom_where[v] = pred
-    out = tuple(Expr(v) for v in rvars)
-    return out[0] if len(out) == 1 else out
+def zeros(shape, dtype="float64") -> Tensor:
+    """A Tensor of `shape` holding zeros: a start for update definitions (a histogram's bins)."""
+    return full(shape, 0, dtype, name="zeros")
 
 
 # ---- reductions ---------------------------------------------------------------------------------
@@ -451,49 +292,7 @@ def reduce(op: str, x, axis=None, keepdims: bool = False):
     if axis is not None or keepdims:
         raise TraceError(f"hd.{op}(expr) reduces over the expression's rdom variables; axis= is "
                          "for tensors", user_loc())
-    state = require(f"hd.{op}")
-    node = to_node(x)
-    used = free_vars(node)
-    rvars = [v for v in state.var_ranges if v in used and v in state.reduction_vars]
-    preds = {state.rdom_where[v] for v in rvars if v in state.rdom_where}
-    for p in preds:
-        rvars += [v for v in state.var_ranges if v in free_vars(p) and v in state.rdom_where and v not in rvars]
-    if not rvars:
-        raise TraceError(f"hd.{op}(`{node}`) has no reduction variable to reduce over; make "
-                         "some with hd.rdom(...) and use them in the expression", user_loc())
-    rvars.sort(key=list(state.var_ranges).index)
-    _check_contraction(state, node, rvars)
-    where = None
-    for p in sorted(preds, key=str):
-        where = p if where is None else ir.Bin(ir.Op.AND, where, p)
-    if op in ("max", "min", "argmax", "argmin") and ir.dtype_of(node) == "bool":
-        node = ir.cast(ir.INDEX_DTYPE, node)
-    return Expr(ir.Reduce(op, node, tuple(state.var_ranges[v] for v in rvars), where, user_loc()))
-
-
-def _check_contraction(state: TraceState, node: ir.Expr, rvars: list[ir.Var]) -> None:
-    """A reduction variable that indexes tensors directly must span dimensions of one size, as in
-    einsum: in `hd.sum(x[n, c, i + r, j + s] * w[k, c, r, s])` dimension 1 of x and of w are both c.
-    If they differ (a conv whose channel counts disagree), the sum would skip part of one tensor or
-    read past the other."""
-    seen: dict[ir.Var, tuple[ir.Load, int, int]] = {}
-    for load, conds in guarded_loads(node):
-        if conds:  # under a select (constant_exterior): partial reads may be the point
-            continue
-        shape = state.buffer(load.buffer).shape
-        for d, e in enumerate(load.index):
-            if isinstance(e, ir.Cast):
-                e = e.value
-            if not (isinstance(e, ir.Var) and e in rvars):
-                continue
-            first, d0, n0 = seen.setdefault(e, (load, d, shape[d]))
-            if n0 != shape[d]:
-                raise ShapeError(
-                    f"`{first}` and `{load}` share the reduction variable {e.name}, but it indexes "
-                    f"dimension {d0} of {first.buffer} (size {n0}) and dimension {d} of {load.buffer} "
-                    f"(size {shape[d]}): the shapes disagree (e.g. a convolution whose channel counts "
-                    "differ). Check the arguments' shapes, or read the part you mean through a slice "
-                    "of the larger tensor.", load.loc or user_loc())
+    return reduce_rdom(op, x)
 
 
 def _axes(axis, ndim: int) -> tuple[int, ...]:
@@ -519,13 +318,13 @@ def _reduce_tensor(op: str, t: Tensor, axis, keepdims: bool) -> Tensor:
     rv = rv if isinstance(rv, tuple) else (rv,)
 
     def body(*idx):
-        full = list(idx) if keepdims else [None] * t.ndim
+        at = list(idx) if keepdims else [None] * t.ndim
         if not keepdims:
             for d, i in zip(kept, idx, strict=True):
-                full[d] = i
+                at[d] = i
         for a, r in zip(axes, rv, strict=True):
-            full[a] = r
-        value = element(t, tuple(full))
+            at[a] = r
+        value = element(t.buffer, tuple(at))
         return reduce(op, value) if axes else value
 
     return compute(out_shape, body, name=f"{t.name}_{op}")
@@ -547,7 +346,7 @@ def _broadcast_element(x, idx: tuple, shape: tuple[int, ...]):
     if not isinstance(x, Tensor):
         return x
     offset = len(shape) - x.ndim
-    return element(x, tuple(0 if n == 1 else idx[offset + d] for d, n in enumerate(x.shape)))
+    return element(x.buffer, tuple(0 if n == 1 else idx[offset + d] for d, n in enumerate(x.shape)))
 
 
 def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor | Expr:
@@ -557,7 +356,7 @@ def map_elementwise(scalar_fn, args: tuple, name: str) -> Tensor | Expr:
     result is an expression."""
     args = tuple(captured(a) if isinstance(a, np.ndarray) else a for a in args)
     if any(isinstance(a, Expr) for a in args) and all(a.ndim == 0 for a in args if isinstance(a, Tensor)):
-        return scalar_fn(*(element(a, ()) if isinstance(a, Tensor) else a for a in args))
+        return scalar_fn(*(element(a.buffer, ()) if isinstance(a, Tensor) else a for a in args))
     shape = broadcast_shape(*(a.shape for a in args if is_tensorlike(a)))
     return compute(shape, lambda *idx: scalar_fn(*(_broadcast_element(a, idx, shape) for a in args)),
                    name=name)
@@ -588,7 +387,7 @@ def reshape(t: Tensor, shape) -> Tensor:
     if -1 in shape:
         rest = math.prod(n for n in shape if n != -1)
         shape[shape.index(-1)] = t.size // rest if rest and t.size % rest == 0 else -1
-    shape = _check_shape(shape, "reshape's shape") if -1 not in shape else shape
+    shape = check_shape(shape, "reshape's shape") if -1 not in shape else shape
     if -1 in shape or math.prod(shape) != t.size:
         raise ShapeError(f"cannot reshape {t.name} of shape {t.shape} ({t.size} elements) to "
                          f"{tuple(shape)}", user_loc())

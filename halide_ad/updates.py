@@ -1,5 +1,5 @@
-"""Update definitions, the front end: `hd.var`, `hd.zeros`, `hd.full`, and `t[index] = value`
-(`t[index] += value` arrives as `t[index] = t[index] + value`). Each update becomes an
+"""Update definitions, the front end: `hd.var` and `t[index] = value` (`t[index] += value` arrives
+as `t[index] = t[index] + value`; `hd.zeros` and `hd.full` make a tensor to update). Each update becomes an
 `ir.Update`, a new stage of the tensor: the Tensor object then names the new stage, so later reads
 see the updated values. See docs/updates.md."""
 from __future__ import annotations
@@ -9,15 +9,13 @@ import math
 import numbers
 import sys
 
-import numpy as np
 
 from halide_ad import config, ir
 from halide_ad.errors import ShapeError, TraceError, is_user_frame, user_loc
-from halide_ad.expr import Expr, to_node
+from halide_ad.expr import Expr, is_tensorlike, to_node
 from halide_ad.solver.bounds import check_bounds
 from halide_ad.solver.updates import check_write_bounds, independent_rdom, reversible
-from halide_ad.tensor import (Tensor, _assigned_names, _check_shape, _index_nodes, _lift_reductions, compute, element,
-                              is_tensorlike)
+from halide_ad.stages import assigned_names, index_nodes, lift_reductions
 from halide_ad.trace import require
 from halide_ad.update_ad import tapes
 from halide_ad.traverse import free_vars, rewrite, walk
@@ -29,29 +27,16 @@ def var(name: str | None = None) -> Expr:
     state = require("hd.var")
     caller = sys._getframe(1)
     if name is None:
-        names = is_user_frame(caller) and _assigned_names(caller, 1)
+        names = is_user_frame(caller) and assigned_names(caller, 1)
         name = names[0] if names else "x"
     v = ir.Var(state.fresh_name(name, loop_var=True))
     state.update_vars.add(v)
     return Expr(v)
 
 
-def full(shape, value, dtype="float64", *, name: str = "full") -> Tensor:
-    """A Tensor of `shape` holding `value` everywhere: a start for update definitions."""
-    require(f"hd.{name}")
-    dtype = np.dtype(dtype).name
-    shape = _check_shape(shape, f"hd.{name}'s shape")
-    fill = ir.const(np.array(value).astype(dtype).item(), dtype)
-    return compute(shape, lambda *i: Expr(fill), name=name)
-
-
-def zeros(shape, dtype="float64") -> Tensor:
-    """A Tensor of `shape` holding zeros: a start for update definitions (a histogram's bins)."""
-    return full(shape, 0, dtype, name="zeros")
-
-
-def set_item(t: Tensor, index, value) -> None:
-    """`t[index] = value` while tracing: appends an `ir.Update` stage and makes `t` name it."""
+def set_item(t, index, value) -> None:
+    """`t[index] = value` while tracing, `t` a Tensor (halide_ad/tensor.py): appends an `ir.Update`
+    stage and makes `t` name it."""
     state = require("an update definition (t[index] = value)")
     loc = user_loc()
     prev = t.name
@@ -69,7 +54,7 @@ def set_item(t: Tensor, index, value) -> None:
     value = _value_node(t, _live_element(t, index, value), loc)
     if len(index) == t.ndim:  # a negative int counts from the end, as in numpy
         index = tuple(i + n if isinstance(i, numbers.Integral) and -n <= i < 0 else i for i, n in zip(index, t.shape))
-    index = _index_nodes(t, index)
+    index = index_nodes(t.buffer, index)
     pure, pure_dims = _pure_vars(state, t, index, loc)
     for r in pure:
         state.var_ranges[r.var] = r
@@ -95,7 +80,7 @@ def set_item(t: Tensor, index, value) -> None:
         raise TraceError(f"a reduction inside the update of {prev} reads {prev} itself; reduce into a "
                          "tensor of its own first, then update with it", loc)
     wrapped = ir.Call(ir.UPDATE_CALL, (value,))  # (a Reduce as the whole value is lifted too)
-    value = _lift_reductions(state, wrapped, pure_vars + tuple(rvars), f"{prev}_update").args[0]
+    value = lift_reductions(state, wrapped, pure_vars + tuple(rvars), f"{prev}_update").args[0]
     rdom = tuple(state.var_ranges[v] for v in rvars)
     where = None
     for p in sorted(preds, key=str):
@@ -121,7 +106,7 @@ def set_item(t: Tensor, index, value) -> None:
     t.buffer = update.buffer
 
 
-def _live_element(t: Tensor, index: tuple, value):
+def _live_element(t, index: tuple, value):
     """`t[0] += x[r]` arrives as t.__getitem__(0), a 0-d slice (a snapshot of t), then
     t.__setitem__(0, slice + x[r]): the value reads that snapshot, and would add each x[r] to the
     old t[0]. When the slice was the last element `t` handed out, at this very index, it stands for
@@ -134,9 +119,7 @@ def _live_element(t: Tensor, index: tuple, value):
     return Expr(rewrite(value.node, lambda n: live if isinstance(n, ir.Load) and n.buffer == item[1] else None))
 
 
-def _value_node(t: Tensor, value, loc) -> ir.Expr:
-    if isinstance(value, Tensor) and value.ndim == 0:  # `t[0] += 1` reads t[0] as a 0-d slice
-        value = element(value, ())
+def _value_node(t, value, loc) -> ir.Expr:
     if is_tensorlike(value):
         raise TraceError(f"an update of {t.name} assigns the whole tensor {value}; assign one element, "
                          "e.g. t[i] = x[i] with i = hd.var()", loc)
@@ -148,7 +131,7 @@ def _value_node(t: Tensor, value, loc) -> ir.Expr:
     return ir.cast(want, node)
 
 
-def _pure_vars(state, t: Tensor, index, loc) -> tuple[tuple[ir.Range, ...], tuple[int, ...]]:
+def _pure_vars(state, t, index, loc) -> tuple[tuple[ir.Range, ...], tuple[int, ...]]:
     """The hd.vars of the update, each with the dimension where it stands bare."""
     used = set().union(*(free_vars(e) for e in index))
     ranges, dims = [], []
@@ -175,7 +158,7 @@ def _check_points(name: str, pure, rdom, loc) -> None:
                          "with the environment variable HALIDE_AD_MAX_POINTS", loc)
 
 
-def _check_reads(state, t: Tensor, pure, rdom, index, value, where, loc):
+def _check_reads(state, t, pure, rdom, index, value, where, loc):
     """(index, value) once every read in them is proved in range (data-dependent ones are checked
     at run time); else BoundsError. Reuses the Funcs' check on a stand-in Func over the update's
     domain."""

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from halide_ad.affine import linear_form
-from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float
-from halide_ad.show import show
+from halide_ad.ir import Bin, Call, Const, Expr, Load, Op, Range, Var, is_float, show
 
 MAX_TAPS = 64
 MIN_CONTRACTED = 16  # below this many summed points a fused loop nest is as good

@@ -22,7 +22,7 @@ from halide_ad.ir import (RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, 
                           is_float)
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.schedule.accumulate import split_accumulators
-from halide_ad.show import show
+from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import walk as walk_expr
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Element, For, If, Kind, Let, Local,

@@ -21,7 +21,7 @@ import math
 from dataclasses import replace
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var
-from halide_ad.show import show
+from halide_ad.ir import show
 from halide_ad.affine import Affine
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.contract import factors

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from halide_ad.ir import Expr, Load, Var
-from halide_ad.show import show as show_expr
+from halide_ad.ir import show as show_expr
 
 
 class Kind(Enum):
@@ -162,7 +162,7 @@ def loops(s: Stmt) -> list[For]:
 
 def show(s: Stmt) -> str:
     """`s` as text for a person (HALIDE_AD_DUMP): loops with their kind, expressions as
-    `halide_ad.show` writes them."""
+    `ir.show` writes them."""
     return "\n".join(_show(s, 0))
 
 

@@ -31,6 +31,13 @@ import threadpoolctl
 from numba import njit
 from numba.extending import intrinsic
 
+try:  # numba's internals, for the two additions below (`_noalias`, `_lean_cache`)
+    from numba.core import cpu, options
+    from numba.core.caching import FunctionCache
+    from numba.core.runtime import nrt
+except ImportError:  # a later numba moved them: kernels stay correct, and lose only those additions
+    cpu = options = FunctionCache = nrt = None
+
 CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
 PARALLEL_COPY_BYTES = 1 << 20  # copies and sums smaller in all run on the calling thread
@@ -221,12 +228,13 @@ def _each(iteration, lo: int, hi: int, *args) -> None:
 def _noalias() -> dict[str, bool]:
     """numba has the flag but no decorator option for it (only its prange loops set it): add one.
     If a later numba moves it, kernels stay correct and run slower."""
+    if cpu is None:
+        return {}
     try:
-        from numba.core import cpu, options
         if not hasattr(cpu.CPUTargetOptions, "noalias"):
             cpu.CPUTargetOptions.noalias = options._mapping("noalias")
         return {"noalias": True}
-    except (ImportError, AttributeError):
+    except AttributeError:
         return {}
 
 
@@ -237,10 +245,7 @@ def _lean_cache():
     needs only numba's runtime, whose symbols the code links against; compiling needs the
     registries, and numba's compiler loads them itself. If a later numba moves what this
     subclasses, kernels keep numba's own cache and the first one loaded takes the 0.5 s."""
-    try:
-        from numba.core.caching import FunctionCache
-        from numba.core.runtime import nrt
-    except ImportError:
+    if FunctionCache is None:
         return None
     needed = ("_load_overload", "_guard_against_spurious_io_errors")
     if not all(hasattr(FunctionCache, name) for name in needed):

@@ -26,7 +26,7 @@ from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.execute import Kernel, NumbaStep
 from halide_ad.solver.bounds import box, checked_at_run_time, interval, is_data_dependent
 from halide_ad.solver.updates import Schedule, combine, schedule
-from halide_ad.show import show
+from halide_ad.ir import show
 from halide_ad.traverse import walk
 
 

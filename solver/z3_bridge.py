@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import z3
 
 from halide_ad import config
-from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of
-from halide_ad.show import show
+from halide_ad.ir import RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Select, Var, dtype_of, show
 from halide_ad.traverse import free_vars, walk
 
 DEFAULT_TIMEOUT_MS = config.z3_timeout_ms()  # per query
