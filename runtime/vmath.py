@@ -346,4 +346,5 @@ def _python_pow(x, y):
 plain_python = SimpleNamespace(
     exp_f32=np.exp, log_f32=np.log, log1p_f32=np.log1p, tanh_f32=np.tanh, sin_f32=np.sin,
     sigmoid_f32=lambda x: 1 / (1 + np.exp(-x)),
-    cos_f32=np.cos, erf_f32=lambda x: np.float32(math.erf(x)), pow_f32=_python_pow)
+    cos_f32=np.cos, erf_f32=lambda x: np.float32(math.erf(x)), pow_f32=_python_pow,
+    maximum=np.maximum, minimum=np.minimum)  # a NaN wins, as in `maximum` above
