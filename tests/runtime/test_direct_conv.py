@@ -7,12 +7,16 @@ import pytest
 from numba import njit
 
 import halide_ad as hd
+from halide_ad import config
 from halide_ad.compiler import engine_choices, plan_gradient
 from halide_ad.runtime.contract import Contraction
 from halide_ad.runtime.engines import direct_conv, simd
 from halide_ad.runtime.route import engines
 
 DIRECT = "[computed by a direct convolution kernel]"
+# The kernels' vector intrinsics exist only compiled: under HALIDE_AD_JIT=0 convolutions keep BLAS
+# (test_plain_python_kernels_keep_blas), and the tests that look for the kernels do not apply.
+compiled_only = pytest.mark.skipif(not config.jit_enabled(), reason="HALIDE_AD_JIT=0: no direct kernels")
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +94,7 @@ def tolerance(dtype):
     return dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
 
 
+@compiled_only
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("xs, ws, direct", SHAPES)
 def test_forward_and_gradients_match_einsum(xs, ws, direct, dtype):
@@ -107,6 +112,7 @@ def test_forward_and_gradients_match_einsum(xs, ws, direct, dtype):
         np.testing.assert_allclose(got, want, **tolerance(dtype))
 
 
+@compiled_only
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("xs, stride", [((2, 16, 11, 41), (2, 2)), ((1, 16, 6, 40), (1, 3))])
 def test_strided_forward_and_weight_gradient(xs, stride, dtype):
@@ -127,6 +133,7 @@ def test_strided_forward_and_weight_gradient(xs, stride, dtype):
         hd.check_grad(conv_strided, x[:1, :, :5], w, *stride)
 
 
+@compiled_only
 def test_gradients_match_finite_differences():
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((2, 16, 5, 11)), rng.standard_normal((17, 16, 3, 2))
@@ -134,6 +141,7 @@ def test_gradients_match_finite_differences():
     hd.check_grad(conv, x, w)
 
 
+@compiled_only
 def test_kernel_in_another_axis_order_and_a_scale():
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal((2, 16, 5, 19)), rng.standard_normal((3, 3, 16, 17))  # (R, S, C, K)
@@ -149,6 +157,7 @@ def test_kernel_in_another_axis_order_and_a_scale():
     hd.check_grad(conv_hwio_scaled, x, w)
 
 
+@compiled_only
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
 def test_a_second_contribution_adds_to_the_first(dtype, stride):
@@ -233,6 +242,7 @@ def test_vector_operations(dtype):
     assert total == (a[:n] * a[1]).sum()
 
 
+@compiled_only
 def test_a_contraction_named_in_route_engines_takes_that_engine_at_any_size(monkeypatch):
     """What halide_ad.dask's blocks rely on: `compiler.engine_choices` records each contraction's
     engine, and within `route.engines` of a choice, a contraction too small for the direct kernels
