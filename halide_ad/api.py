@@ -113,6 +113,11 @@ class _Call:
         return arrays
 
 
+# A program's two forwards: the one a gradient runs after, which stores what gradients read, and
+# a plain call's, which stores only the outputs (and compiles without running reverse mode).
+FORWARD, CALL = "forward", "call"
+
+
 @dataclass(eq=False)
 class Traced:
     """One traced signature: the program, its forward kernel, and gradient kernels by `wrt`, with
@@ -124,7 +129,7 @@ class Traced:
     kinds: list[str]
     captured: tuple = ()           # capture.Captured for each array read from a closure or global
     _grads: dict = field(default_factory=dict)  # wrt -> BackwardRun
-    _forward: ForwardRun | None = None
+    _forwards: dict = field(default_factory=dict)  # FORWARD or CALL -> ForwardRun
     _lock: threading.Lock = field(default_factory=threading.Lock)
     scalar_gradients: dict = field(default_factory=dict)  # argnums -> _ScalarGradient
     named: tuple[str, ...] = ()  # the Funcs the user named, that the program keeps (hd.adjoints)
@@ -136,7 +141,7 @@ class Traced:
         self._arg_shapes = tuple(None if n is None else program.buffer(n).shape for n in self.arg_names)
         self.float_args = tuple(n for n in self.arg_names if n is not None and ir.is_float(program.buffer(n).dtype))
         self._structure = None
-        # tiered execution (halide_ad/tiered.py), per pass: "forward", or a gradient's wrt
+        # tiered execution (halide_ad/tiered.py), per pass: FORWARD, CALL, or a gradient's wrt
         self._compiled: set = set()        # the passes that run their kernels from now on
         self._jobs: dict = {}              # pass -> the Future compiling its kernels
         self.interpreted: dict = {}        # pass -> calls the interpreter ran
@@ -149,10 +154,11 @@ class Traced:
         Once it returns False for a pass, it does for good."""
         if key in self._compiled:
             return False
-        built = self._forward if key == "forward" else self._grads.get(key)
+        forward = key in (FORWARD, CALL)
+        built = self._forwards.get(key) if forward else self._grads.get(key)
         small = self._small.get(key)
         if small is None:  # (reverse mode runs to count a gradient's work: once per pass)
-            small = self._small[key] = tiered.interpretable(self.program, () if key == "forward" else key)
+            small = self._small[key] = tiered.interpretable(self.program, () if forward else key)
         if built is not None and built.kernel.compiled() or not small:
             self._compiled.add(key)
             return False
@@ -177,15 +183,16 @@ class Traced:
         return Segmented(self.program, self.checkpoints)
 
     def forward_kernel(self) -> Kernel:
-        return self._forward_run().kernel
+        return self._forward_run(FORWARD).kernel
 
-    def _forward_run(self) -> ForwardRun:
-        run = self._forward  # read without the lock: a call never waits for another's compile
+    def _forward_run(self, key: str) -> ForwardRun:
+        run = self._forwards.get(key)  # read without the lock: a call never waits for another's compile
         if run is None:
             with self._lock:
-                if self._forward is None:
-                    self._forward = ForwardRun(self.program, compile_forward(self.program))
-                run = self._forward
+                if key not in self._forwards:
+                    kernel = compile_forward(self.program, for_gradients=key == FORWARD)
+                    self._forwards[key] = ForwardRun(self.program, kernel)
+                run = self._forwards[key]
         return run
 
     def gradient(self, wrt: tuple[str, ...]) -> tuple[Kernel, list[AdjointPlan]]:
@@ -201,19 +208,20 @@ class Traced:
                 run = self._grads[wrt]
         return run
 
-    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The forward pass's buffers: from its kernels, or the interpreter's while they compile."""
+    def run(self, arrays: dict[str, np.ndarray], key: str = FORWARD) -> dict[str, np.ndarray]:
+        """The forward pass's buffers: from its kernels, or the interpreter's while they compile.
+        `key`: FORWARD keeps what gradients read (`gradient_of` may follow), CALL only the outputs."""
         if self.checkpoints:
             return self._segmented.forward(arrays)
-        if "forward" in self._compiled:
-            return self._forward_run()(arrays)
+        if key in self._compiled:
+            return self._forward_run(key)(arrays)
         def warming():
             copies = self._inputs(arrays)
-            return lambda: self._forward_run()(copies)
+            return lambda: self._forward_run(key)(copies)
 
-        if self._interpreting("forward", warming):
+        if self._interpreting(key, warming):
             return tiered.forward(self.program, arrays)
-        return self._forward_run()(arrays)
+        return self._forward_run(key)(arrays)
 
     def gradient_of(self, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
                     cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -227,7 +235,7 @@ class Traced:
         def warming():
             inputs = self._inputs(buffers)
             seeds = {k: np.array(v) for k, v in cotangents.items()}
-            return lambda: self.backward(wrt)(self._forward_run()(inputs), seeds)
+            return lambda: self.backward(wrt)(self._forward_run(FORWARD)(inputs), seeds)
 
         if self._interpreting(wrt, warming) or interpreted:
             forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
@@ -292,7 +300,7 @@ class Function:
             self._check_arguments(args, kwargs)
             return self.fn(*args, **kwargs)
         traced, arrays = self.trace(args, kwargs)
-        return traced.outputs(traced.run(arrays))
+        return traced.outputs(traced.run(arrays, CALL))
 
     def _param_names(self, count: int) -> list[str]:
         """The buffer name of each positional argument: its parameter's, else arg<k>."""

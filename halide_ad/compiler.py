@@ -51,14 +51,17 @@ def _shapes(program: Program) -> dict[str, tuple[int, ...]]:
     return shapes | {adjoint_name(n): sh for n, sh in shapes.items()}
 
 
-def compile_forward(program: Program) -> Kernel:
+def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
     """Consecutive loop-nest stages share one numba function; contractions run between them.
     Funcs that need not be stored are computed where they are read (`inline_stages`); a reduction
     to one point runs as partial results first (`split_reduction`), in a buffer of the kernel's
-    own (`Kernel.scratch`)."""
+    own (`Kernel.scratch`). The forward that a gradient runs after (`for_gradients`) stores every
+    Func a gradient reads, which reverse mode finds (`read_by_gradients`); a plain call's forward
+    stores only what the program returns, and runs no reverse mode."""
     if any(isinstance(f, Update) for f in program.funcs):  # update definitions: runtime/updates.py
-        return compile_with_updates(program, compile_forward, read_by_gradients(program))
-    program, scratch = _forward_stages(program)
+        compile_segment = functools.partial(compile_forward, for_gradients=for_gradients)
+        return compile_with_updates(program, compile_segment, read_by_gradients(program) if for_gradients else set())
+    program, scratch = _forward_stages(program, for_gradients)
     shapes = _shapes(program)
     steps, sources, segment = [], [], []
 
@@ -82,13 +85,14 @@ def compile_forward(program: Program) -> Kernel:
     return Kernel(steps, "\n".join(sources), scratch)
 
 
-def _forward_stages(program: Program) -> tuple[Program, tuple[str, ...]]:
+def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Program, tuple[str, ...]]:
     """`program` with its Funcs inlined and split as the forward kernels compute them, and the
     scratch buffers of the split reductions."""
     funcs, scratch, taken = [], [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
     stored_shapes = _shapes(program)
     is_contraction = lambda f: _func_contraction(f, stored_shapes) is not None  # noqa: E731
-    needed = None if config.skipped("fuse") else read_by_gradients(program)  # None: store every Func
+    needed = (None if config.skipped("fuse")  # None: store every Func
+              else read_by_gradients(program) if for_gradients else set())
     for f in inline_stages(program, is_contraction, needed):
         parts = split_reduction(f, taken)
         if parts is not None:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from halide_ad import config, ir
 from halide_ad.ad import clamps_into_extrema
-from halide_ad.api import as_function
+from halide_ad.api import CALL, FORWARD, as_function
 from halide_ad.show import show_func, show_scatter
 from halide_ad.runtime.contract import Contraction
 from halide_ad.errors import NotDifferentiableError
@@ -110,8 +110,8 @@ def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:
     kernels have taken over."""
     if not config.tiered_enabled():
         return ("every call runs the compiled kernels (HALIDE_AD_TIERED=0, or HALIDE_AD_JIT=0)",)
-    passes = [("forward", "forward")] + [(key, f"gradient by {', '.join(key)}") for key in traced._jobs
-                                         if key != "forward"]
+    passes = [(CALL, "forward (a call)"), (FORWARD, "forward (for gradients)")] + [
+        (key, f"gradient by {', '.join(key)}") for key in traced._jobs if key not in (CALL, FORWARD)]
     lines = []
     for key, title in passes:
         calls = traced.interpreted.get(key, 0)
@@ -120,6 +120,6 @@ def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:
             lines.append(f"{title}: {calls} call(s) on the numpy interpreter (runtime/reference.py), {now}")
         elif key in traced._compiled:
             lines.append(f"{title}: compiled kernels")
-    if not any(key != "forward" for key, _ in passes) and wrt not in traced._compiled:
+    if not any(key not in (CALL, FORWARD) for key, _ in passes) and wrt not in traced._compiled:
         lines.append("gradient: not run yet (explain compiles its kernels below)")
     return tuple(lines) or ("not run yet",)

@@ -7,10 +7,11 @@ Every Func is a loop nest and a buffer: `hd.sum(...) / 9` is a sum written out, 
 to divide it; `ops.sum(x * x)` writes the squares before it sums them; a pooling of a relu
 writes the relu. Each such pass over memory costs as much as the computation around it.
 
-A Func is inlined into its reader when nothing else needs it stored: it is not an output, no
-gradient reads it (`ad.read_by_gradients`: every buffer the reverse-mode scatters of the program
-read, for every input, a superset of what any gradient kernel reads), and it is not a max or min
-(their gradients read the stored argmax). It has one reader, and:
+A Func is inlined into its reader when nothing else needs it stored: it is not an output, it is
+not among the buffers the driver names as `needed` (for the forward a gradient runs after,
+`ad.read_by_gradients`: every buffer the reverse-mode scatters of the program read, for every
+input, a superset of what any gradient kernel reads; for a plain call's forward, none), and it is
+not a max or min (their gradients read the stored argmax). It has one reader, and:
 
 * a pointwise Func is inlined where the reader evaluates each of its points once on average (a
   relu under a 2x2/2 pooling window, the squares under a sum), or up to MAX_RECOMPUTED times when
@@ -45,7 +46,8 @@ _CHEAP_CALLS = ("neg", "not", "abs", "stop_gradient")
 def inline_stages(program: Program, is_contraction: Callable[[Func], bool],
                   needed: set[str] | None) -> tuple[Func, ...]:
     """`program`'s Funcs, each one that need not be stored inlined into its reader (see the module's
-    doc). `needed`: the buffers a gradient reads (`ad.read_by_gradients`), None to store them all.
+    doc). `needed`: the buffers to store besides the outputs (what gradients read, for the
+    forward a gradient runs after), None to store them all.
     Inlining into a reader updates it before it is itself considered."""
     if needed is None:
         return program.funcs

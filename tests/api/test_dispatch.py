@@ -166,10 +166,10 @@ def test_calls_from_threads_never_wait_for_another_signatures_compile(rng, monke
     entered, release = threading.Event(), threading.Event()
     real = api.compile_forward
 
-    def held(program):
+    def held(program, **options):
         entered.set()
         release.wait(timeout=120)
-        return real(program)
+        return real(program, **options)
     monkeypatch.setattr(api, "compile_forward", held)
 
     fresh = rng.standard_normal(11)  # a shape no test calls: compiled under `held`

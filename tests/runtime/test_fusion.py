@@ -7,7 +7,8 @@ import pytest
 
 import halide_ad as hd
 from halide_ad import ops
-from halide_ad.api import as_function
+from halide_ad import ad, compiler
+from halide_ad.api import CALL, as_function
 
 
 def _stored(fn, *args) -> set[str]:
@@ -81,6 +82,32 @@ def test_what_a_gradient_reads_is_stored(rng):
 
     x = rng.standard_normal(40)
     assert "e" in _stored(softplus_sum, x)
+    np.testing.assert_allclose(softplus_sum(x), np.log1p(np.exp(x)).sum(), rtol=1e-13)
+    hd.check_grad(softplus_sum, x)
+
+
+def test_a_plain_call_runs_no_reverse_mode_and_stores_only_its_outputs(rng, monkeypatch):
+    """The forward a gradient runs after keeps `e` for it; a plain call's forward, compiled
+    without reverse mode, computes exp where log reads it."""
+    @hd.func
+    def softplus_sum(x):
+        e = hd.compute(x.shape, lambda i: hd.exp(x[i]), name="e")
+        return ops.sum(ops.log(e + 1.0))
+
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")  # the kernels' buffers, not the interpreter's
+    x = rng.standard_normal(40)
+    traced, arrays = as_function(softplus_sum).trace((x,), {})
+
+    def no_reverse_mode(*args):
+        raise AssertionError("a plain call's forward ran reverse mode")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ad, "reverse_mode", no_reverse_mode)
+        patched.setattr(compiler, "reverse_mode", no_reverse_mode)
+        buffers = traced.run(arrays, CALL)
+    assert "e" not in buffers
+    np.testing.assert_allclose(traced.outputs(buffers), np.log1p(np.exp(x)).sum(), rtol=1e-13)
+    assert "e" in traced.run(arrays)
     np.testing.assert_allclose(softplus_sum(x), np.log1p(np.exp(x)).sum(), rtol=1e-13)
     hd.check_grad(softplus_sum, x)
 
