@@ -26,6 +26,7 @@ from halide_ad.expr import Expr as FrontExpr
 from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Select, Var
 from halide_ad.tensor import BoundaryView, Tensor, add_func, captured, compute, is_tensorlike
 from halide_ad.trace import current, require
+from halide_ad.update_jvp import update_tangent
 from halide_ad.traverse import flat_index, simplify, substitute, walk
 
 Tangents = dict[str, str]  # primal buffer -> its tangent buffer; a buffer not in it has tangent 0
@@ -110,21 +111,19 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
                 applied.add(id(call))
                 _apply_rule(call, tangent_of, state)
             continue
-        if isinstance(f, ir.Update) and (f.prev in tangent_of or _reads_tangent(f.value, tangent_of)):
-            raise NotDifferentiableError(
-                f"hd.jvp reached the update definition of {f.prev}: forward mode through update "
-                "definitions is not built yet. Use reverse mode (hd.grad, hd.vjp; "
-                "hd.check_grad(..., modes=('rev',)) checks it).", f.loc)
-        body = tangent_body(f, tangent_of, state)
-        if body is None:
-            continue
-        if f.name in overrides:
+        if f.name in overrides and _reaches(f, tangent_of):
             raise NotDifferentiableError(
                 f"hd.jvp reached {overrides[f.name].what}, which has a reverse-mode rule only "
                 "(@hd.custom_vjp): forward mode cannot use it. Define its derivative with "
                 "@hd.custom_jvp and .defjvp(rule) instead; reverse mode then transposes that rule.", f.loc)
-        name = state.fresh_name(f"{f.name}_dot")
-        tangent_of[f.name] = add_func(state, Func(name, f.vars, f.shape, body, f.dtype, f.loc)).name
+        if isinstance(f, ir.Update):  # an update of the tangent (halide_ad/update_jvp.py)
+            if (name := update_tangent(f, tangent_of, state, _tangent)) is not None:
+                tangent_of[f.name] = name
+            continue
+        body = tangent_body(f, tangent_of, state)
+        if body is not None:
+            name = state.fresh_name(f"{f.name}_dot")
+            tangent_of[f.name] = add_func(state, Func(name, f.vars, f.shape, body, f.dtype, f.loc)).name
     tangent_leaves = [Tensor(state.buffer(tangent_of[leaf.name])) if leaf.name in tangent_of else _zeros(leaf)
                       for leaf in leaves]
     return rebuild(leaves), rebuild(tangent_leaves)
@@ -169,8 +168,9 @@ def _as_expr(node: Expr):
     return FrontExpr(node)
 
 
-def _reads_tangent(e: Expr, tangent_of: Tangents) -> bool:
-    return any(isinstance(n, Load) and n.buffer in tangent_of for n in walk(e))
+def _reaches(f, tangent_of: Tangents) -> bool:
+    """Whether a tangent reaches float stage f (its body reads a buffer that has one)."""
+    return ir.is_float(f.dtype) and any(isinstance(n, Load) and n.buffer in tangent_of for n in walk(f.body))
 
 
 # ---- the tangent of one Func --------------------------------------------------------------------

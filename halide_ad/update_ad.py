@@ -62,7 +62,7 @@ def _reverse_scan(u: Update, needs: set[str], backprop: Callable) -> tuple[list[
             return Load(adjoint_name(state), n.index, n.dtype, n.loc)
         return Load(u.prev, n.index, n.dtype, n.loc) if is_own_read(u, n) else None
 
-    value = rewrite(_first_extremum(u, combine(u)), as_read)
+    value = rewrite(first_extremum(u, combine(u)), as_read)
     terms: list[Scatter] = []
     out: list[Scatter] = []
     stored: list[tuple[str, Expr]] = []
@@ -117,7 +117,7 @@ def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scat
     def old(n: Expr) -> Expr | None:  # no point reads another's write: its reads of t1 are of t0
         return Load(u.prev, n.index, n.dtype, n.loc) if isinstance(n, Load) and n.buffer == u.name else None
 
-    value = rewrite(_first_extremum(u, c), old)
+    value = rewrite(first_extremum(u, c), old)
     _pass_through(u, needs, out)
     if u.prev in needs:
         emit(Load(u.prev, u.index, u.dtype, u.loc), Call("neg", (at_write,)), ())  # overwritten
@@ -166,7 +166,7 @@ def _pass_through(u: Update, needs: set[str], out: list[Scatter]) -> None:
                        tuple(Range(v, 0, n) for v, n in zip(vars_, u.shape, strict=True)), None, u.loc))
 
 
-def _first_extremum(u: Update, c) -> Expr:
+def first_extremum(u: Update, c) -> Expr:
     """An in-place max/min as a select that keeps the old value on a tie: the first extremum."""
     if c is None or c[0] not in (Op.MAX, Op.MIN):
         return u.value
