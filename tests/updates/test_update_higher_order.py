@@ -83,3 +83,20 @@ def test_a_traced_gradient_through_a_taped_update_is_refused_with_the_way_out(rn
     # the way out it names: a gradient at the top level, and forward mode over forward mode
     np.testing.assert_allclose(hd.grad(loss)(x), 2 * np.where(x == x.max(1, keepdims=True), x, 0))
     hd.check_grad(lambda x: P.row_max(x), x, modes=("fwd",), order=2)
+
+
+def test_the_jax_wrapper_of_a_scan_under_jvp_and_hessian(rng, jax_x64):
+    jax = pytest.importorskip("jax")
+    import halide_ad.jax as hd_jax
+    jnp = jax.numpy
+    a, b = rng.random((2, 4)), rng.random((2, 4))
+
+    def reference(a):
+        y = [b[:, 0]]
+        for n in range(1, 4):
+            y.append(a[:, n] * y[-1] + b[:, n])
+        return jnp.sum(jnp.sin(jnp.stack(y, axis=1)))
+
+    wrapped = lambda a: jnp.sum(jnp.sin(hd_jax.function(P.iir)(a, b)))  # noqa: E731
+    np.testing.assert_allclose(jax.jvp(wrapped, (a,), (b,))[1], jax.jvp(reference, (a,), (b,))[1], rtol=1e-12)
+    np.testing.assert_allclose(jax.hessian(wrapped)(a), jax.hessian(reference)(a), rtol=1e-10, atol=1e-14)
