@@ -26,6 +26,7 @@ from halide_ad.expr import Expr as FrontExpr
 from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Select, Var
 from halide_ad.tensor import BoundaryView, Tensor, add_func, captured, compute, is_tensorlike
 from halide_ad.trace import current, require
+from halide_ad.update_ad import runs_backwards
 from halide_ad.update_jvp import update_tangent
 from halide_ad.traverse import flat_index, simplify, substitute, walk
 
@@ -101,6 +102,8 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
             tangent_of[copy.name] = _tangent_tensor(k, p, t).name
     leaves, rebuild = flatten(fn(*args), "the result of the function given to hd.jvp")
     overrides = {name: o for o in state.overrides for name in o.outputs}
+    # a scan's start, read by its tangent, would have a reader besides the scan (update_ad.runs_backwards)
+    starts = {f.prev for f in state.funcs[start:] if isinstance(f, ir.Update) and runs_backwards(f)}
     applied: set[int] = set()
     for f in state.funcs[start:]:
         if f.name in tangent_of:
@@ -120,7 +123,7 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
             if (name := update_tangent(f, tangent_of, state, _tangent)) is not None:
                 tangent_of[f.name] = name
             continue
-        body = tangent_body(f, tangent_of, state)
+        body = tangent_body(f, tangent_of, state, reuse=f.name not in starts)
         if body is not None:
             name = state.fresh_name(f"{f.name}_dot")
             tangent_of[f.name] = add_func(state, Func(name, f.vars, f.shape, body, f.dtype, f.loc)).name
@@ -175,15 +178,17 @@ def _reaches(f, tangent_of: Tangents) -> bool:
 
 # ---- the tangent of one Func --------------------------------------------------------------------
 
-def tangent_body(f: Func, tangent_of: Tangents, state) -> Expr | None:
+def tangent_body(f: Func, tangent_of: Tangents, state, reuse: bool = True) -> Expr | None:
     """The body of F_dot, or None where it is zero (an integer Func, or one that reads no buffer
-    with a tangent)."""
+    with a tangent). With `reuse`, F's value in it (tanh's derivative holds tanh) reads F."""
     if not ir.is_float(f.dtype):
         return None
     body = f.body
     if not isinstance(body, Reduce):
         dot = _tangent(body, tangent_of, f)
-        return None if dot is None else simplify(substitute(dot, {body: Load(f.name, f.vars, f.dtype)}))
+        if dot is None:
+            return None
+        return simplify(substitute(dot, {body: Load(f.name, f.vars, f.dtype)}) if reuse else dot)
     dot = _tangent(body.body, tangent_of, f)
     if dot is None:
         return None

@@ -43,6 +43,7 @@ from halide_ad.tensor import BoundaryView, Tensor, _lift_reductions, add_func, c
 from halide_ad.trace import TraceState, current
 from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
 from halide_ad.trees import flatten
+from halide_ad.update_ad import runs_backwards
 
 
 class _Traced:
@@ -106,6 +107,10 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
     reached = {a.buffer for a in adjoints}
     built: dict[str, Func | ir.Update] = {}
     scans: dict[str, tuple[str, ir.Update]] = {}  # adj_<a scan's writes> -> (its backward run, the update)
+    # a scan's start (a pointwise Func) is computed where the gradient reads it (tanh's derivative
+    # holds tanh): read, it would get a second adjoint besides the scan's (update_ad.runs_backwards)
+    starts = {f.prev: program.func(f.prev) for f in program.funcs if isinstance(f, ir.Update) and runs_backwards(f)}
+    starts = {name: f for name, f in starts.items() if isinstance(f, Func) and not isinstance(f.body, Reduce)}
     argindex: dict[str, Func] = {}
     broadcasts: set[str] = set()  # adjoints that are a constant or a scalar's value at every point
 
@@ -115,6 +120,8 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
                 return None
             if (scan := scans.get(n.buffer)) is not None:
                 return _written(*scan, n.index)
+            if (start := starts.get(n.buffer)) is not None:
+                return substitute(start.body, dict(zip(start.vars, n.index, strict=True)))
             for name in reached:
                 if n.buffer == ir.adjoint_name(name):
                     f = built[name]

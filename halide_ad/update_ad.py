@@ -28,9 +28,15 @@ _COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
 def update_adjoint(u: Update, needs: set[str], backprop: Callable) -> tuple[list[Scatter], ReverseScan | None]:
     """The scatter contributions of update `u`, and for a scan, the `ReverseScan` that computes
     adj_<u.prev> and the adjoint of each written value (which those scatters read)."""
-    if (u.reversible or u.taped) and not u.independent and combine_kind(u) != "accumulation":
+    if runs_backwards(u):
         return _reverse_scan(u, needs, backprop)
     return update_scatters(u, needs, backprop), None
+
+
+def runs_backwards(u: Update) -> bool:
+    """Whether u's adjoint is a `ReverseScan`, which fills adj_<u.prev> alone: then no other stage
+    may read u.prev where a gradient flows."""
+    return (u.reversible or u.taped) and not u.independent and combine_kind(u) != "accumulation"
 
 
 def combine_kind(u: Update) -> str | None:

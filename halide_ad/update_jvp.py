@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from halide_ad import ir
-from halide_ad.ir import Bin, Expr, Func, Load, Op, Range, Select, Update, Var
+from halide_ad.ir import Bin, Expr, Func, Load, Op, Range, Reduce, Select, Update, Var
 from halide_ad.tensor import add_func
-from halide_ad.update_ad import first_extremum, combine, combine_kind, is_own_read
+from halide_ad.update_ad import first_extremum, combine, combine_kind, is_own_read, runs_backwards
 from halide_ad.updates import finished
-from halide_ad.traverse import rewrite, walk
+from halide_ad.traverse import rewrite, substitute, walk
 
 Tangent = Callable  # forward._tangent: (expr, tangents, stage) -> its derivative, or None for zero
 
@@ -76,12 +76,18 @@ def _derivative(u: Update, name: str, tangent_of: dict[str, str], tangent: Tange
 
 def _separate(u: Update, prev_dot: str, tangent_of: dict[str, str], state, tangent: Tangent) -> str:
     name = state.fresh_name(f"{u.prev}_dot")
+    start = next(f for f in state.funcs if f.name == u.prev)
+    # a scan's start is computed where it is read, if it can be: read, it would get an adjoint
+    # besides the scan's when this tangent is differentiated (update_ad.runs_backwards)
+    inline = runs_backwards(u) and isinstance(start, Func) and not isinstance(start.body, Reduce)
 
     def seen(n: Expr) -> Expr | None:  # a read of the tensor as this point saw it
         if not isinstance(n, Load) or n.buffer not in (u.name, name):
             return None
         if not (u.independent or is_own_read(u, Load(u.name, n.index, n.dtype))):
             return None  # its final value (z3 proved it: ir.Update.reversible)
+        if n.buffer == u.name and inline:
+            return substitute(start.body, dict(zip(start.vars, n.index, strict=True)))
         return Load(u.prev if n.buffer == u.name else prev_dot, n.index, n.dtype, n.loc)
 
     value = rewrite(_derivative(u, name, tangent_of, tangent), seen)

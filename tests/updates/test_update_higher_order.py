@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import halide_ad as hd
+from halide_ad import ops
 from tests.updates import programs as P
 
 
@@ -100,3 +101,11 @@ def test_the_jax_wrapper_of_a_scan_under_jvp_and_hessian(rng, jax_x64):
     wrapped = lambda a: jnp.sum(jnp.sin(hd_jax.function(P.iir)(a, b)))  # noqa: E731
     np.testing.assert_allclose(jax.jvp(wrapped, (a,), (b,))[1], jax.jvp(reference, (a,), (b,))[1], rtol=1e-12)
     np.testing.assert_allclose(jax.hessian(wrapped)(a), jax.hessian(reference)(a), rtol=1e-10, atol=1e-14)
+
+
+def test_second_order_every_mode_through_scans_whose_start_is_nonlinear(rng):
+    """rnn's start is tanh(u), whose derivative reads tanh(u); cumprod's value reads the element
+    it overwrites: each derivative program reads the scan's start, which is computed where it is
+    read so that the scan stays its only reader when differentiated again."""
+    hd.check_grad(P.rnn, rng.standard_normal(1), rng.standard_normal(4), modes=("rev", "fwd"), order=2)
+    hd.check_grad(ops.cumprod, rng.random((2, 3)) + 0.5, 1, modes=("rev",), order=2)
