@@ -74,21 +74,26 @@ def _derivative(u: Update, name: str, tangent_of: dict[str, str], tangent: Tange
     return ir.const(0, u.dtype) if dot is None else ir.cast(u.dtype, dot)
 
 
+def _old(u: Update, state) -> Callable[[tuple[Expr, ...]], Expr]:
+    """index -> u.prev's element there. A scan's start is computed where it is read, if it can be:
+    read, it would get an adjoint besides the scan's when this tangent is differentiated
+    (update_ad.runs_backwards)."""
+    start = next(f for f in state.funcs if f.name == u.prev)
+    if runs_backwards(u) and isinstance(start, Func) and not isinstance(start.body, Reduce):
+        return lambda index: substitute(start.body, dict(zip(start.vars, index, strict=True)))
+    return lambda index: Load(u.prev, index, u.dtype)
+
+
 def _separate(u: Update, prev_dot: str, tangent_of: dict[str, str], state, tangent: Tangent) -> str:
     name = state.fresh_name(f"{u.prev}_dot")
-    start = next(f for f in state.funcs if f.name == u.prev)
-    # a scan's start is computed where it is read, if it can be: read, it would get an adjoint
-    # besides the scan's when this tangent is differentiated (update_ad.runs_backwards)
-    inline = runs_backwards(u) and isinstance(start, Func) and not isinstance(start.body, Reduce)
+    old = _old(u, state)
 
     def seen(n: Expr) -> Expr | None:  # a read of the tensor as this point saw it
         if not isinstance(n, Load) or n.buffer not in (u.name, name):
             return None
         if not (u.independent or is_own_read(u, Load(u.name, n.index, n.dtype))):
             return None  # its final value (z3 proved it: ir.Update.reversible)
-        if n.buffer == u.name and inline:
-            return substitute(start.body, dict(zip(start.vars, n.index, strict=True)))
-        return Load(u.prev if n.buffer == u.name else prev_dot, n.index, n.dtype, n.loc)
+        return old(n.index) if n.buffer == u.name else Load(prev_dot, n.index, n.dtype, n.loc)
 
     value = rewrite(_derivative(u, name, tangent_of, tangent), seen)
     return _append(state, Update(name, prev_dot, u.shape, u.dtype, u.pure, u.pure_dims, u.rdom, u.index,
@@ -99,7 +104,7 @@ def _dual(u: Update, prev_dot: str, tangent_of: dict[str, str], state, tangent: 
     name = state.fresh_name(f"{u.prev}_dot")
     dual = state.fresh_name(f"{u.prev}_dual")
     k, *vars_ = (Var(state.fresh_name(f"i{d}", loop_var=True)) for d in range(len(u.shape) + 1))
-    start = Select(Bin(Op.EQ, k, ir.const(0)), Load(u.prev, tuple(vars_), u.dtype), Load(prev_dot, tuple(vars_), u.dtype))
+    start = Select(Bin(Op.EQ, k, ir.const(0)), _old(u, state)(tuple(vars_)), Load(prev_dot, tuple(vars_), u.dtype))
     start = add_func(state, Func(state.fresh_name(f"{u.prev}_dual"), (k, *vars_), (2, *u.shape), start, u.dtype, u.loc))
 
     def in_dual(n: Expr) -> Expr | None:

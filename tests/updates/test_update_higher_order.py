@@ -84,6 +84,9 @@ def test_a_traced_gradient_through_a_taped_update_is_refused_with_the_way_out(rn
     # the way out it names: a gradient at the top level, and forward mode over forward mode
     np.testing.assert_allclose(hd.grad(loss)(x), 2 * np.where(x == x.max(1, keepdims=True), x, 0))
     hd.check_grad(lambda x: P.row_max(x), x, modes=("fwd",), order=2)
+    # and reverse over forward at the top level: the gradient of Horner's tangent (a dual update)
+    c, z, tc, tz = rng.standard_normal(3), rng.standard_normal(2), rng.standard_normal(3), rng.standard_normal(2)
+    hd.check_grad(lambda c, z: hd.jvp(P.horner, (c, z), (tc, tz))[1], c, z, modes=("rev",))
 
 
 def test_the_jax_wrapper_of_a_scan_under_jvp_and_hessian(rng, jax_x64):
