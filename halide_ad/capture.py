@@ -179,6 +179,8 @@ def code_key(fn, depth: int = 0) -> tuple | None:
         value = fn.__globals__.get(name)
         if type(value) is np.ndarray:
             parts.append((name, value.shape, value.dtype.str))
+        elif isinstance(value, types.FunctionType) or getattr(type(value), "wraps_python_function", False):
+            parts.append((name, value))  # (by identity) a global rebound to another function traces another program
     return tuple(parts)
 
 

@@ -27,6 +27,8 @@ from halide_ad.ir import Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, S
 from halide_ad.stages import add_func
 from halide_ad.tensor import BoundaryView, Tensor, captured, compute
 from halide_ad.trace import current, require
+from halide_ad.update_ad import runs_backwards
+from halide_ad.update_jvp import update_tangent
 from halide_ad.traverse import flat_index, simplify, substitute, walk
 
 Tangents = dict[str, str]  # primal buffer -> its tangent buffer; a buffer not in it has tangent 0
@@ -101,6 +103,8 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
             tangent_of[copy.name] = _tangent_tensor(k, p, t).name
     leaves, rebuild = flatten(fn(*args), "the result of the function given to hd.jvp")
     overrides = {name: o for o in state.overrides for name in o.outputs}
+    # a scan's start, read by its tangent, would have a reader besides the scan (update_ad.runs_backwards)
+    starts = {f.prev for f in state.funcs[start:] if isinstance(f, ir.Update) and runs_backwards(f)}
     applied: set[int] = set()
     for f in state.funcs[start:]:
         if f.name in tangent_of:
@@ -111,21 +115,19 @@ def jvp_traced(fn, primals: tuple, tangents: tuple):
                 applied.add(id(call))
                 _apply_rule(call, tangent_of, state)
             continue
-        if isinstance(f, ir.Update) and (f.prev in tangent_of or _reads_tangent(f.value, tangent_of)):
-            raise NotDifferentiableError(
-                f"hd.jvp reached the update definition of {f.prev}: forward mode through update "
-                "definitions is not built yet. Use reverse mode (hd.grad, hd.vjp; "
-                "hd.check_grad(..., modes=('rev',)) checks it).", f.loc)
-        body = tangent_body(f, tangent_of, state)
-        if body is None:
-            continue
-        if f.name in overrides:
+        if f.name in overrides and _reaches(f, tangent_of):
             raise NotDifferentiableError(
                 f"hd.jvp reached {overrides[f.name].what}, which has a reverse-mode rule only "
                 "(@hd.custom_vjp): forward mode cannot use it. Define its derivative with "
                 "@hd.custom_jvp and .defjvp(rule) instead; reverse mode then transposes that rule.", f.loc)
-        name = state.fresh_name(f"{f.name}_dot")
-        tangent_of[f.name] = add_func(state, Func(name, f.vars, f.shape, body, f.dtype, f.loc)).name
+        if isinstance(f, ir.Update):  # an update of the tangent (halide_ad/update_jvp.py)
+            if (name := update_tangent(f, tangent_of, state, _tangent)) is not None:
+                tangent_of[f.name] = name
+            continue
+        body = tangent_body(f, tangent_of, state, reuse=f.name not in starts)
+        if body is not None:
+            name = state.fresh_name(f"{f.name}_dot")
+            tangent_of[f.name] = add_func(state, Func(name, f.vars, f.shape, body, f.dtype, f.loc)).name
     tangent_leaves = [Tensor(state.buffer(tangent_of[leaf.name])) if leaf.name in tangent_of else _zeros(leaf)
                       for leaf in leaves]
     return rebuild(leaves), rebuild(tangent_leaves)
@@ -170,21 +172,24 @@ def _as_expr(node: Expr):
     return FrontExpr(node)
 
 
-def _reads_tangent(e: Expr, tangent_of: Tangents) -> bool:
-    return any(isinstance(n, Load) and n.buffer in tangent_of for n in walk(e))
+def _reaches(f, tangent_of: Tangents) -> bool:
+    """Whether a tangent reaches float stage f (its body reads a buffer that has one)."""
+    return ir.is_float(f.dtype) and any(isinstance(n, Load) and n.buffer in tangent_of for n in walk(f.body))
 
 
 # ---- the tangent of one Func --------------------------------------------------------------------
 
-def tangent_body(f: Func, tangent_of: Tangents, state) -> Expr | None:
+def tangent_body(f: Func, tangent_of: Tangents, state, reuse: bool = True) -> Expr | None:
     """The body of F_dot, or None where it is zero (an integer Func, or one that reads no buffer
-    with a tangent)."""
+    with a tangent). With `reuse`, F's value in it (tanh's derivative holds tanh) reads F."""
     if not ir.is_float(f.dtype):
         return None
     body = f.body
     if not isinstance(body, Reduce):
         dot = _tangent(body, tangent_of, f)
-        return None if dot is None else simplify(substitute(dot, {body: Load(f.name, f.vars, f.dtype)}))
+        if dot is None:
+            return None
+        return simplify(substitute(dot, {body: Load(f.name, f.vars, f.dtype)}) if reuse else dot)
     dot = _tangent(body.body, tangent_of, f)
     if dot is None:
         return None

@@ -14,6 +14,10 @@ again by the same path (a Hessian-vector product, reverse over reverse). A scatt
 could not turn into a gather (a data-dependent index) has no form as a gather Func; it is refused
 with NotDifferentiableError.
 
+Update definitions: an accumulation's or a one-write-per-point update's adjoint is scatters like
+any other; a scan's backward run is written back as update definitions of its own
+(halide_ad/retrace_scan.py), which refuses the taped ones.
+
 The adjoint of buffer B is the Func `d_B` (never `adj_B`: the compiler names its own adjoint
 buffers so, and this program's gradient has one for every Func). Semantics follow JAX: the
 function sees copies of the differentiated arguments; a tensor it reads
@@ -30,6 +34,7 @@ from halide_ad.affine import Affine, linear_form
 from halide_ad.api import as_function
 from halide_ad.errors import NotDifferentiableError, ShapeError, TraceError, user_loc
 from halide_ad.ir import Adjoint, Bin, Expr, Func, Load, Op, Range, Reduce, Select, Var, cast, const
+from halide_ad.retrace_scan import scan_as_updates
 from halide_ad.runtime.plans import gather_vars
 from halide_ad.solver import Fallback, invert
 from halide_ad.solver.bounds import interval
@@ -39,6 +44,7 @@ from halide_ad.tensor import BoundaryView, Tensor, compute
 from halide_ad.trace import TraceState, current
 from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
 from halide_ad.trees import flatten
+from halide_ad.update_ad import runs_backwards
 
 
 class _Traced:
@@ -100,13 +106,12 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
     """{buffer: its adjoint Func}, added to `state`, for every buffer reverse mode reaches."""
     adjoints = reverse_mode(program, wrt)
     reached = {a.buffer for a in adjoints}
-    for f in program.funcs:
-        if isinstance(f, ir.Update) and f.name in reached:
-            raise NotDifferentiableError(
-                f"{fn_name}'s gradient, taken while tracing, reaches the update definition of {f.prev}: "
-                "gradients written back as Funcs do not go through update definitions yet. Take this "
-                "gradient at the top level (hd.grad or hd.vjp on arrays), which does.", f.loc)
-    built: dict[str, Func] = {}
+    built: dict[str, Func | ir.Update] = {}
+    scans: dict[str, tuple[str, ir.Update]] = {}  # adj_<a scan's writes> -> (its backward run, the update)
+    # a scan's start (a pointwise Func) is computed where the gradient reads it (tanh's derivative
+    # holds tanh): read, it would get a second adjoint besides the scan's (update_ad.runs_backwards)
+    starts = {f.prev: program.func(f.prev) for f in program.funcs if isinstance(f, ir.Update) and runs_backwards(f)}
+    starts = {name: f for name, f in starts.items() if isinstance(f, Func) and not isinstance(f.body, Reduce)}
     argindex: dict[str, Func] = {}
     broadcasts: set[str] = set()  # adjoints that are a constant or a scalar's value at every point
 
@@ -114,6 +119,10 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
         def rule(n: Expr):
             if not isinstance(n, Load):
                 return None
+            if (scan := scans.get(n.buffer)) is not None:
+                return _written(*scan, n.index)
+            if (start := starts.get(n.buffer)) is not None:
+                return substitute(start.body, dict(zip(start.vars, n.index, strict=True)))
             for name in reached:
                 if n.buffer == ir.adjoint_name(name):
                     f = built[name]
@@ -127,6 +136,13 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
         return rewrite(e, rule)
 
     for adj in adjoints:
+        if adj.buffer in built:  # the adjoint of a scan's start, made with its backward run
+            continue
+        if adj.scan is not None:  # halide_ad/retrace_scan.py
+            v, built[adj.scan.update.prev] = scan_as_updates(state, adj.scan, built[adj.scan.update.name].name,
+                                                             rename, fn_name)
+            scans[ir.adjoint_name(adj.buffer)] = (v, adj.scan.update)
+            continue
         js = gather_vars(adj, frozenset(state.names))  # (a buffer named j0 would shadow a variable)
         terms = [] if not adj.seeded else [_seed(seeds[adj.buffer], js, adj)]
         for s in adj.scatters:
@@ -153,6 +169,13 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
         if not free_vars(body) and not any(isinstance(n, Reduce) for n in walk(body)):
             broadcasts.add(name)  # a sum's adjoint, spread over what it summed
     return built
+
+
+def _written(v: str, u: ir.Update, point: tuple[Expr, ...]) -> Load:
+    """The adjoint of the value that u wrote at `point` (pure variables, then rdom variables from 0):
+    its backward run's final value at the element that point wrote."""
+    at = {r.var: p if not r.lo else Bin(Op.ADD, p, const(r.lo)) for r, p in zip(u.pure + u.rdom, point, strict=True)}
+    return Load(v, tuple(substitute(e, at) for e in u.index), u.dtype)
 
 
 def _seed(seed, js: tuple[Var, ...], adj: Adjoint) -> Expr:

@@ -28,9 +28,15 @@ _COMBINING = (Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN)
 def update_adjoint(u: Update, needs: set[str], backprop: Callable) -> tuple[list[Scatter], ReverseScan | None]:
     """The scatter contributions of update `u`, and for a scan, the `ReverseScan` that computes
     adj_<u.prev> and the adjoint of each written value (which those scatters read)."""
-    if (u.reversible or u.taped) and not u.independent and combine_kind(u) != "accumulation":
+    if runs_backwards(u):
         return _reverse_scan(u, needs, backprop)
     return update_scatters(u, needs, backprop), None
+
+
+def runs_backwards(u: Update) -> bool:
+    """Whether u's adjoint is a `ReverseScan`, which fills adj_<u.prev> alone: then no other stage
+    may read u.prev where a gradient flows."""
+    return (u.reversible or u.taped) and not u.independent and combine_kind(u) != "accumulation"
 
 
 def combine_kind(u: Update) -> str | None:
@@ -62,7 +68,7 @@ def _reverse_scan(u: Update, needs: set[str], backprop: Callable) -> tuple[list[
             return Load(adjoint_name(state), n.index, n.dtype, n.loc)
         return Load(u.prev, n.index, n.dtype, n.loc) if is_own_read(u, n) else None
 
-    value = rewrite(_first_extremum(u, combine(u)), as_read)
+    value = rewrite(first_extremum(u, combine(u)), as_read)
     terms: list[Scatter] = []
     out: list[Scatter] = []
     stored: list[tuple[str, Expr]] = []
@@ -117,7 +123,7 @@ def update_scatters(u: Update, needs: set[str], backprop: Callable) -> list[Scat
     def old(n: Expr) -> Expr | None:  # no point reads another's write: its reads of t1 are of t0
         return Load(u.prev, n.index, n.dtype, n.loc) if isinstance(n, Load) and n.buffer == u.name else None
 
-    value = rewrite(_first_extremum(u, c), old)
+    value = rewrite(first_extremum(u, c), old)
     _pass_through(u, needs, out)
     if u.prev in needs:
         emit(Load(u.prev, u.index, u.dtype, u.loc), Call("neg", (at_write,)), ())  # overwritten
@@ -166,7 +172,7 @@ def _pass_through(u: Update, needs: set[str], out: list[Scatter]) -> None:
                        tuple(Range(v, 0, n) for v, n in zip(vars_, u.shape, strict=True)), None, u.loc))
 
 
-def _first_extremum(u: Update, c) -> Expr:
+def first_extremum(u: Update, c) -> Expr:
     """An in-place max/min as a select that keeps the old value on a tie: the first extremum."""
     if c is None or c[0] not in (Op.MAX, Op.MIN):
         return u.value

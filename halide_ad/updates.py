@@ -98,12 +98,18 @@ def set_item(t, index, value) -> None:
     value = rewrite(value, own)
     where = None if where is None else rewrite(where, own)
     _check_pure_reads(name, prev, pure, pure_dims, (*index, value) + ((where,) if where is not None else ()), loc)
-    update = ir.Update(name, prev, t.buffer.shape, t.buffer.dtype, pure, pure_dims, rdom, index, value, where, loc)
-    independent = independent_rdom(update)
-    update = dataclasses.replace(update, independent=independent, reversible=not independent and reversible(update))
-    update = dataclasses.replace(update, taped=tapes(update))
+    update = finished(ir.Update(name, prev, t.buffer.shape, t.buffer.dtype, pure, pure_dims, rdom, index, value,
+                                where, loc))
     state.funcs.append(update)
     t.buffer = update.buffer
+
+
+def finished(update: ir.Update) -> ir.Update:
+    """`update` with what z3 proves of it (at trace time) recorded: how it may run, and how its
+    adjoint runs (ir.Update's independent, reversible, taped)."""
+    independent = independent_rdom(update)
+    update = dataclasses.replace(update, independent=independent, reversible=not independent and reversible(update))
+    return dataclasses.replace(update, taped=tapes(update))
 
 
 def _live_element(t, index: tuple, value):

@@ -19,6 +19,16 @@ def rng():
     return np.random.default_rng(0)
 
 
+@pytest.fixture
+def jax_x64():
+    """JAX in float64 for the test, as the comparisons in float64 need (the setting is global)."""
+    jax = pytest.importorskip("jax")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
 @pytest.fixture(autouse=True)
 def unshared_traces():
     """Each test starts without the traces that new lambdas of the same code share (they would

@@ -162,3 +162,14 @@ def test_hd_functions_and_reductions_of_a_captured_array(rng, counts):
     weights = rng.random(4)
     np.testing.assert_allclose(f(u), u * np.exp(weights) / weights.sum())
     assert counts["trace"] == 1  # the captured array is an input, not a constant computed by numpy
+
+
+STEP = None  # a global function, rebound by the test below
+
+
+def test_a_global_rebound_to_another_function_traces_again(rng):
+    global STEP
+    u = rng.standard_normal(3)
+    for power in (2, 3):
+        STEP = hd.func(lambda u, p=power: u ** p)
+        np.testing.assert_allclose(hd.grad(lambda u: hd.sum(STEP(u)))(u), power * u ** (power - 1))

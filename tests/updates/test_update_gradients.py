@@ -209,16 +209,3 @@ def test_reverse_scan_matches_torch(rng):
     torch.flip(torch.cumsum(torch.flip(tx, (0,)), 0), (0,)).backward(torch.tensor(ct))
     np.testing.assert_allclose(hd.vjp(P.suffix_sum, x)[1](ct)[0], tx.grad.numpy(), rtol=1e-12)
     assert "reverse-scan" in hd.explain(P.suffix_sum, x).forms()
-
-
-def test_forward_mode_through_an_update_is_refused():
-    x = np.arange(1.0, 6.0)
-    with pytest.raises(hd.NotDifferentiableError, match="forward mode through update definitions"):
-        hd.jvp(P.two_updates, (x,), (np.ones_like(x),))
-
-
-def test_a_gradient_through_an_update_taken_while_tracing_is_refused():
-    x = np.arange(1.0, 6.0)
-    traced = hd.func(lambda x: hd.grad(lambda y: hd.sum(P.two_updates(y) ** 2))(x))
-    with pytest.raises(hd.NotDifferentiableError, match="do not go through update definitions yet"):
-        traced(x)
