@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from halide_ad import config
 from halide_ad.ir import Load, Program, ReverseScan, Update, adjoint_name, tape_name
 from halide_ad.runtime import emit, lower_updates
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.execute import Kernel, NumbaStep
-from halide_ad.runtime.loops import Source, block
+from halide_ad.runtime.loops import Source, Stmt, block
+from halide_ad.runtime.loops import show as show_nest
 from halide_ad.runtime.lower_updates import bins_buffer, tape_buffer
 from halide_ad.solver.updates import Schedule, schedule
 from halide_ad.show import show
@@ -30,7 +32,7 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]],
         em.used[tape_name(u.name)] = None
     comment = (f"# update of {u.prev} (rung {s.rung}): {u.name}[{', '.join(map(show, u.index))}] = {show(u.value)}"
                + (f"  ({u.loc})" if u.loc else ""))
-    source = emit.function(em, entry, block(Source(comment), lower_updates.forward(u, s)))
+    source = emit.function(em, entry, block(Source(comment), _dumped(lower_updates.forward(u, s))))
     return source, list(em.used), em.checks, s
 
 
@@ -43,8 +45,15 @@ def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
                  | {adjoint_name(scan.writes): scan.writes_shape, tape_name(u.name): scan.writes_shape}
                  | ({adjoint_name(scan.state): u.shape} if scan.state is not None else {}))
     comment = f"# the update of {u.prev} run backwards" + (f"  ({u.loc})" if u.loc else "")
-    source = emit.function(em, entry, block(Source(comment), lower_updates.reverse_scan(scan)))
+    source = emit.function(em, entry, block(Source(comment), _dumped(lower_updates.reverse_scan(scan))))
     return source, list(em.used), em.checks
+
+
+def _dumped(nest: Stmt) -> Stmt:
+    """`nest`, printed first where HALIDE_AD_DUMP names `updates`."""
+    if config.dumped("updates"):
+        print(f"# update nest\n{show_nest(nest)}")
+    return nest
 
 
 def compile_with_updates(program: Program, compile_forward: Callable[[Program], Kernel],

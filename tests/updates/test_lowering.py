@@ -36,7 +36,10 @@ def _kinds(s) -> list[tuple[str, Kind]]:
 
 def _scan(fn, *args):
     """The ReverseScan of the one update of `fn`, from reverse mode."""
-    traced = _traced(fn, *args)
+    return _scan_of(_traced(fn, *args))
+
+
+def _scan_of(traced):
     [scan] = [a.scan for a in reverse_mode(traced.program, tuple(traced.float_args)) if a.scan is not None]
     return scan
 
@@ -128,3 +131,17 @@ def test_failed_tests_print_as_an_elif_chain_that_skips_the_write():
     namespace["run"](h=h, i=np.array([0, 1, 1]), j=np.array([0, 9, 1]), status=status)
     assert status.tolist() == [1, 1, 9]
     np.testing.assert_array_equal(h, [[1, 0], [0, 1]])
+
+
+def test_dump_prints_each_update_nest_with_its_loop_kinds(monkeypatch, capsys):
+    from halide_ad.runtime.updates import emit_reverse_scan, emit_update
+    monkeypatch.setenv("HALIDE_AD_DUMP", "updates")
+    traced = _traced(P.iir, np.ones((3, 6)), np.ones((3, 6)))
+    scan, program = _scan_of(traced), traced.program
+    u = scan.update
+    shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
+    emit_update(u, shapes, "update1")
+    emit_reverse_scan(scan, shapes | {f"adj_{n}": u.shape for n in shapes}, "backward0")
+    forward, backward = capsys.readouterr().out.split("# update nest\n")[1:]
+    assert "# parallel" in forward and "# reversed" not in forward
+    assert f"for {u.rdom[0].var.name} in [1, 6):  # reversed" in backward
