@@ -133,7 +133,8 @@ def partitioned(u: Update, s: Schedule) -> Block:
         c = p if stride == 1 else Bin(Op.FLOORDIV, p, Const(stride, INDEX_DTYPE))
         c = c if n == 0 else Bin(Op.MOD, c, Const(r.hi - r.lo, INDEX_DTYPE))  # (p // stride < the first extent)
         coords.append(Let(r.var, c if not r.lo else Bin(Op.ADD, Const(r.lo, INDEX_DTYPE), c)))
-    into_bins = write(u, lambda at: Accumulate(Load(bins, (k, *at), u.dtype), operand, augmented=True))
+    into_bins = write(u, lambda at: Accumulate(Load(bins, (k, *(at or (ZERO,))), u.dtype), operand,
+                                               augmented=True))  # (a 0-d tensor: its one bin)
     fill = nest([(k, 0, s.partitions, Kind.PARALLEL)], block(
         nest([(j, 0, n, Kind.SERIAL) for j, n in zip(js, dims, strict=True)], Store(bins, (k, *js), ZERO)),
         nest([(p, start, stop, Kind.SERIAL)], block(*coords, into_bins))))

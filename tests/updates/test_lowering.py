@@ -5,13 +5,14 @@ from dataclasses import replace
 
 import numpy as np
 
+import halide_ad as hd
 from halide_ad.ad import reverse_mode
 from halide_ad.ir import Const, Load, Update
 from halide_ad.runtime import emit, lower_updates
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import Accumulate, Block, Fail, For, If, Kind, Store, loops, walk
 from halide_ad.runtime.parallel import parallel_for
-from halide_ad.solver.updates import PARTITIONS, schedule
+from halide_ad.solver.updates import PARTITIONS, Schedule, schedule
 from tests.updates import programs as P
 
 
@@ -145,3 +146,37 @@ def test_dump_prints_each_update_nest_with_its_loop_kinds(monkeypatch, capsys):
     forward, backward = capsys.readouterr().out.split("# update nest\n")[1:]
     assert "# parallel" in forward and "# reversed" not in forward
     assert f"for {u.rdom[0].var.name} in [1, 6):  # reversed" in backward
+
+
+def test_partial_bins_of_a_zero_d_tensor_run_as_plain_python():
+    """Rung 3's nest forced on a 0-d tensor (one bin per partition), printed and run as Python: 3
+    partitions of the 8 points (3, 3 and 2 of them) add up to the serial sum."""
+    program = _traced(P.sum_of_squares, X).program
+    [u] = [f for f in program.funcs if isinstance(f, Update)]
+    bins = f"{u.name}_bins"
+    em = Emitter({b.name: b.shape for b in (*program.inputs, *program.funcs)} | {bins: (3, 1)})
+    source = emit.function(em, "run", lower_updates.partitioned(u, Schedule(3, False, "forced", partitions=3)))
+    namespace = {"np": np, "kernel": lambda f: f, "parallel_for": parallel_for, "nonneg": lambda k: k}
+    exec(source, namespace)
+    out = np.zeros(1)
+    namespace["run"](**{u.name: out, u.prev: np.full(1, 0.5), bins: np.full((3, 1), np.nan),
+                        program.inputs[0].name: X, "status": np.zeros(3, np.int64)})
+    np.testing.assert_allclose(out, [0.5 + (X * X).sum()], rtol=1e-14)
+
+
+@hd.func
+def offset_grid_histogram(idx, w):  # a 2-D rdom starting at row 1, into few bins: rung 3
+    h = hd.zeros((3,), w.dtype)
+    y, x = hd.rdom((1, idx.shape[0]), idx.shape[1])
+    h[hd.clamp(idx[y, x], 0, 2)] += w[y, x]
+    return h
+
+
+def test_partial_bins_walk_a_multi_dimensional_rdom_with_an_offset():
+    """The flat position of each partition's points maps back to (y, x) = (1 + p // 7, p % 7)."""
+    idx, w = np.arange(42).reshape(6, 7) % 4, np.linspace(-1, 1, 42).reshape(6, 7)
+    u = _update(offset_grid_histogram, idx, w)
+    assert schedule(u).rung == 3
+    expected = np.zeros(3)
+    np.add.at(expected, np.clip(idx[1:], 0, 2).ravel(), w[1:].ravel())
+    np.testing.assert_allclose(offset_grid_histogram(idx, w), expected, rtol=1e-13)
