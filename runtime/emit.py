@@ -25,8 +25,8 @@ from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import walk as walk_expr
-from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Element, For, If, Kind, Let, Local,
-                                     Source, Stmt, Store, block, walk)
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Element, Fail, For, If, Kind, Let,
+                                     Local, Source, Stmt, Store, block, walk)
 from halide_ad.runtime.writer import Writer
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
@@ -149,7 +149,18 @@ def resolve(s: Stmt, em, here: bool = True) -> Stmt:
             conds = cond if isinstance(cond, tuple) else (cond,)
             test = _with_inline(em, lambda: f"if {' and '.join(em.expr(c) for c in conds)}:", here)
             head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em, here)))
-            return head if otherwise is None else block(head, Source("else:", resolve(otherwise, em, here)))
+            if otherwise is None:
+                return head
+            rest = resolve(otherwise, em, here)
+            first = rest.body[0]
+            if (len(otherwise.body) == 1 and isinstance(otherwise.body[0], If) and isinstance(first, Source)
+                    and first.text.startswith("if ")):  # (not after a reduction the test computes)
+                return block(head, Source("el" + first.text, first.body), *rest.body[1:])  # elif
+            return block(head, Source("else:", rest))
+        case Fail(message, value):
+            em.checks.append(message)
+            return block(Source("status[0] = 1"), Source(f"status[1] = {len(em.checks) - 1}"),
+                         Source(f"status[2] = {em.expr(value)}"))
     raise TypeError(f"not a statement: {s!r}")
 
 

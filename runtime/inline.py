@@ -128,7 +128,7 @@ def inline_adjoints(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[Adjo
     scanned = {adjoint_name(p.adjoint.scan.update.name) for p in plans if p.adjoint.scan is not None}
     for k, plan in enumerate(out):
         name = adjoint_name(plan.adjoint.buffer)
-        if name in scanned:  # an update's backward run reads it whole (runtime/updates.py)
+        if name in scanned:  # an update's backward run reads it whole (runtime/lower_updates.py)
             continue
         value = _pointwise_value(plan, wrt)
         later = out[k + 1:]

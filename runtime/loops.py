@@ -104,6 +104,15 @@ class Let:
 
 
 @dataclass(frozen=True, slots=True)
+class Fail:
+    """The call fails with `message` once the kernel returns, `{value}` in it replaced by `value`
+    (runtime/execute.py raises BoundsError); the kernel runs on. A write tested out of range is
+    skipped with one (runtime/lower_updates.py)."""
+    message: str
+    value: Expr
+
+
+@dataclass(frozen=True, slots=True)
 class Allocate:
     """array = an uninitialized local array of `shape` and `dtype` (a row of partial sums)."""
     array: str
@@ -119,7 +128,7 @@ class Source:
     body: Block = Block()
 
 
-Stmt = Block | For | Store | Accumulate | If | Let | Allocate | Source
+Stmt = Block | For | Store | Accumulate | If | Let | Fail | Allocate | Source
 
 
 def children(s: Stmt) -> tuple[Stmt, ...]:
@@ -182,6 +191,8 @@ def _show(s: Stmt, depth: int) -> list[str]:
             return [f"{pad}{_expr(var)} = {_expr(value)}"]
         case Allocate(array, shape, dtype):
             return [f"{pad}{array} = empty({shape}, {dtype})"]
+        case Fail(message, value):
+            return [f"{pad}fail({_expr(value)}): {message}"]
         case If(cond, then, otherwise):
             conds = cond if isinstance(cond, tuple) else (cond,)
             lines = [f"{pad}if {' and '.join(map(_expr, conds))}:"] + _show(then, depth + 1)

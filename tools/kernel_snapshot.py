@@ -12,10 +12,11 @@ or the benchmark case, its shapes and its parallel threshold), the pass's title 
 What it covers:
 * the tests in TESTS below (or `--tests`), run with pytest: schedule, reductions, fuzzed programs,
   gradients and the ops library;
-* every kernel case of `python -m benchmarks` and every everyday case, traced at their `--small`
-  shapes and at their full shapes, forward and gradient compiled but not run, each once with the
-  default parallel threshold and once with HALIDE_AD_PARALLEL_MIN_POINTS=0 (so that every loop
-  nest with a parallel dimension is outlined: the small shapes alone never are).
+* every kernel case of `python -m benchmarks`, every everyday case and every update case
+  (`--cases updates`), traced at their `--small` shapes and at their full shapes, forward and
+  gradient compiled but not run, each once with the default parallel threshold and once with
+  HALIDE_AD_PARALLEL_MIN_POINTS=0 (so that every loop nest with a parallel dimension is outlined:
+  the small shapes alone never are).
 Not covered: the dispatch and training-step call cases (the programs are the layer's again) and
 the rest of the test suite (slow on a shared machine; pass it with `--tests`).
 
@@ -73,21 +74,32 @@ def _record_benchmarks() -> None:
     from halide_ad.compiler import compile_forward, compile_gradient
     from benchmarks.cases import CASES
     from benchmarks.everyday import EVERYDAY_CASES
+    from benchmarks.updates import UPDATE_CASES
+
+    def compile_case(context: str, program, inputs: list[np.ndarray], wrt: tuple[int, ...] | None) -> None:
+        """`program`'s forward kernels at these inputs' shapes, and its gradient's with respect to
+        inputs `wrt` (None: every float input), if any."""
+        os.environ["HALIDE_AD_SNAPSHOT_CONTEXT"] = context
+        traced, _ = as_function(program).trace(tuple(inputs), {})
+        compile_forward(traced.program)  # (not traced's own kernels: those are kept once built)
+        names = traced.float_args if wrt is None else tuple(traced.arg_names[k] for k in wrt)
+        if names:
+            compile_gradient(traced.program, names)
 
     for min_points in (None, "0"):
+        if min_points is None:
+            os.environ.pop(MIN_POINTS, None)
+        else:
+            os.environ[MIN_POINTS] = min_points
         for case in (*CASES, *EVERYDAY_CASES):
             for size in ("small", "full"):
-                if min_points is None:
-                    os.environ.pop(MIN_POINTS, None)
-                else:
-                    os.environ[MIN_POINTS] = min_points
-                os.environ["HALIDE_AD_SNAPSHOT_CONTEXT"] = f"benchmarks:{case.name}:{size}:min_points={min_points}"
-                fn = as_function(case.halide_ad)
-                inputs = [np.zeros(s, np.float32) for s in case.input_shapes(small=size == "small")]
-                traced, _ = fn.trace(tuple(inputs), {})
-                compile_forward(traced.program)  # (not traced's own kernels: those are kept once built)
-                if case.backward:
-                    compile_gradient(traced.program, traced.float_args)
+                compile_case(f"benchmarks:{case.name}:{size}:min_points={min_points}", case.halide_ad,
+                             [np.zeros(s, np.float32) for s in case.input_shapes(small=size == "small")],
+                             None if case.backward else ())
+        for case in UPDATE_CASES:  # integer inputs among them: each input's own dtype
+            for size in ("small", "full"):
+                compile_case(f"benchmarks:{case.name}:{size}:min_points={min_points}", case.halide_ad,
+                             [np.zeros_like(a) for a in case.make_inputs(size == "small")], case.wrt)
     os.environ.pop(MIN_POINTS, None)
 
 
