@@ -394,6 +394,11 @@ class Emitter:
     def cast(self, text: str, dtype: str) -> str:
         return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"
 
+    def put(self, *stmts: Stmt) -> None:
+        """Write `stmts` where the code generator's Writer `out` stands, resolved now: names,
+        literals and buffers taken in the order the statements are written."""
+        self.out.add(resolve(block(*stmts), self))
+
     def reduce_inline(self, r: Reduce) -> str:
         """Hoist a reduction out of an expression: its loop goes before the line that uses it."""
         tmp = self.out.temp("red")

@@ -95,7 +95,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
             for d in range(start, len(vars_)):
                 lo, hi = ranges[vars_[d]]
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
-                    w.add(emit.resolve(Let(vars_[d], Const(lo, INDEX_DTYPE)), em))
+                    em.put(Let(vars_[d], Const(lo, INDEX_DTYPE)))
                 else:
                     open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par and parallel)
             _hoist_loads(w, em, gs, ranges, written)
@@ -115,7 +115,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
             aliases = {}
             for v, e in at.items():
                 alias = Var(f"{v.name}_{e.rhs.value}")
-                w.add(emit.resolve(Let(alias, e), em))
+                em.put(Let(alias, e))
                 aliases[v] = em.name(alias)
             side(aliases, [c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]])
             dim_loop(d, combo, at)
@@ -148,7 +148,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
             _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
                          box_ranges(vars_, shape, split), written)
         for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
-            w.add(emit.resolve(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"), em))
+            em.put(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"))
             box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
                                                         Const(p, INDEX_DTYPE))})
         w.depth -= 1
@@ -221,8 +221,8 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     taps = [(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c))), weight)
             for c, weight in sep.cols]
 
-    w.add(emit.resolve(block(Comment(f"separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first"),
-                             Allocate(tmp, (mask + 1, hi_j - lo_j + 1), dtype)), em))
+    em.put(Comment(f"separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first"),
+           Allocate(tmp, (mask + 1, hi_j - lo_j + 1), dtype))
     open_loop(w, em.name(i), lo_i, hi_i + 1, False)
     first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
     start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
@@ -230,7 +230,7 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
         start = f"0 if {em.name(i)} == {lo_i} else {start}"
     open_loop(w, em.name(k), start, stop, False)
     open_loop(w, em.name(j), lo_j, hi_j + 1, False)
-    w.add(emit.resolve(Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype)))), em))
+    em.put(Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype)))))
     w.depth -= 2
     open_loop(w, em.name(j), lo_j, hi_j + 1, False)
     body([], terms=[(ring(affine({i: sep.row_stride}, first + r - first_row)), weight) for r, weight in sep.rows],
@@ -245,10 +245,10 @@ def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
     shared, loads = hoist_loads(gathers, ranges, em.shapes, written)
     for i in shared:
         name = f"ix{len(em.hoisted)}"
-        w.add(emit.resolve(Let(Local(name, INDEX_DTYPE), i), em))
+        em.put(Let(Local(name, INDEX_DTYPE), i))
         em.hoisted[i] = name
     for k, n in enumerate(loads):
-        w.add(emit.resolve(Let(Local(f"h{k}", n.dtype), n), em))
+        em.put(Let(Local(f"h{k}", n.dtype), n))
         em.hoisted[n] = f"h{k}"
 
 

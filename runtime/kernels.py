@@ -23,7 +23,7 @@ from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Store, block
+from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Store
 from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, product, row_gathers,
                                        split_loop_nest, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
@@ -55,7 +55,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     w = em.out
     w.depth = 1
     for f in funcs:
-        w.add(emit.resolve(Comment(show_func(f) + (f"  ({f.loc})" if f.loc else "")), em))
+        w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
         depth = w.depth
         if (split := pointwise_phases(f)) is not None:
             _emit_phased(w, em, f, split)
@@ -127,14 +127,14 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             # the first sum starts acc where it is of acc's dtype (the terms' may not be)
             first = (Load("ct_" + adj.buffer, index, adj.dtype) if adj.seeded else
                      sums.pop(0) if like or sums and terms_dtype == adj.dtype else Const(0, adj.dtype))
-            w.add(emit.resolve(block(Let(acc, Cast("float64", first) if wide else first),
-                                     *(Accumulate(acc, term, augmented=True) for term in sums)), em))
+            em.put(Let(acc, Cast("float64", first) if wide else first),
+                   *(Accumulate(acc, term, augmented=True) for term in sums))
             w.extend(guarded)
-            w.add(emit.resolve(Store(name, index, acc), em))
+            em.put(Store(name, index, acc))
 
         if not opened and splits[k] is None and gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
             em.index(name, plan.new_vars, name)  # (the adjoint first among the buffers its rows use)
-            w.add(emit.resolve(row_gathers(plan, gathers[k], name, w.temp), em))
+            em.put(row_gathers(plan, gathers[k], name, w.temp))
             return
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
         split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms)
@@ -143,7 +143,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     while k < len(computed):
         plan = computed[k]
         name = adjoint_name(plan.adjoint.buffer)
-        w.add(emit.resolve(Comment(f"{name}: {len(plan.contributions)} contribution(s)"), em))
+        em.put(Comment(f"{name}: {len(plan.contributions)} contribution(s)"))
         depth = stage_depth(computed, splits, gathers, k, private)
         if depth:
             _emit_staged(w, em, computed, k, depth, nest)
@@ -165,8 +165,8 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> 
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
     stage = w.temp("stage")  # unique in the kernel: two stages in one function may differ in type
-    w.add(emit.resolve(Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} "
-                               f"contribution(s), reading {name} one plane at a time from {stage}"), em))
+    em.put(Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
+                   f"reading {name} one plane at a time from {stage}"))
     base, par = w.depth, parallel_dim(shape)
     allocate = f"{stage} = np.empty({tuple(producer.adjoint.shape[depth:])}, np.{dtype})"
     if par is None:
@@ -177,7 +177,7 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> 
             w.line(allocate)
     for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True):
         if em.name(mine) != em.name(theirs):
-            w.add(emit.resolve(Let(mine, theirs), em))
+            em.put(Let(mine, theirs))
     em.staged[name] = (depth, stage)
     level = w.depth
     nest(k, depth)

@@ -6,7 +6,7 @@ from halide_ad.ir import Adjoint, Bin, Const, Load, Op, Range, Scatter, Var
 from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.gathers import product, row_gathers, weighted_sums
-from halide_ad.runtime.loops import Accumulate, Allocate, Block, Chain, Element, For, Kind, Store, loops, walk
+from halide_ad.runtime.loops import Accumulate, Allocate, Block, Chain, Element, For, Kind, Store, loops, show, walk
 from halide_ad.runtime.plans import AdjointPlan
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK
 from halide_ad.solver import Gather, GatherPiece
@@ -56,6 +56,7 @@ def test_rows_of_a_long_window_accumulate_in_a_float64_row_in_parallel_blocks_of
     assert store.buffer == "adj_g" and store.value == add.target
     source = "\n".join(emit.render(nest, Emitter({"dy": (300, 1024), "x": (300, 1024), "adj_g": (1024,)})))
     assert "col2 = col2_block * 128" in source and "for j in range(col2, min(col2 + 128, 1024)):" in source
+    assert "# gather-window: adj_g[j] += dy[r, j] * x[r, j]" in show(nest)  # (HALIDE_AD_DUMP's text)
 
 
 def test_rows_of_a_short_window_accumulate_in_the_adjoint(monkeypatch):
