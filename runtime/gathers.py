@@ -98,7 +98,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
                     em.put(Let(vars_[d], Const(lo, INDEX_DTYPE)))
                 else:
                     open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par and parallel)
-            _hoist_loads(w, em, gs, ranges, written)
+            _hoist_loads(em, gs, ranges, written)
             body(gs)
             em.hoisted.clear()
             w.depth = depth_
@@ -145,7 +145,7 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
         lo, hi = box[v]
         open_loop(w, em.name(q), lo // stride, (hi + 1) // stride, d == par)
         if k == len(split.phased) - 1:  # the phases of one iteration share their loads
-            _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
+            _hoist_loads(em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
                          box_ranges(vars_, shape, split), written)
         for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
             em.put(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"))
@@ -238,9 +238,9 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     w.depth -= 2
 
 
-def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
+def _hoist_loads(em: Emitter, gathers, ranges, written: str) -> None:
     """The loads that `hoist_loads` reads once per iteration, and the indices they share, as
-    lines at the top of the iteration, which the gathers' expressions then print by name."""
+    Lets at the top of the iteration, which the gathers' expressions then print by name."""
     em.hoisted.clear()
     shared, loads = hoist_loads(gathers, ranges, em.shapes, written)
     for i in shared:
