@@ -18,8 +18,8 @@ the kernel's buffers and numbers its run-time checks in the order it prints them
 guarded pieces are printed before the sums that precede them (`kernels.emit_backward`'s body),
 their inline reductions placed before those sums; printed in the nest's order, the same kernel
 would number its literals and order its parameters differently. Text lines left: a box without
-regions looping over its spans (`for span in spans:`, a tuple of ranges) and the tabled points'
-loops (`range(count[point])`).
+regions looping over its spans (`for span in spans:`, a tuple of ranges) and the headers of the
+tabled points' loops (`for tap in range(count[point]):`; a For prints its lower bound).
 """
 from __future__ import annotations
 
@@ -279,17 +279,23 @@ def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
                       for taps in per_point], "int64")
     weight = em.table([[t[2] for t in taps] + [0.0] * (width - len(taps)) for taps in per_point], load.dtype)
     count = em.table([len(taps) for taps in per_point], "int64")
+    point, tap, taps = Local("point", INDEX_DTYPE), Local("tap", INDEX_DTYPE), Local("taps", load.dtype)
+
+    def const(k: int) -> Const:
+        return Const(k, INDEX_DTYPE)
+
     w.line(f"for point in range({len(points)}):")
     w.depth += 1
-    for k, v in enumerate(at):
-        w.line(f"{em.name(v)} = {where}[point, {k}]")
-    w.line(f"taps = {em.const(0, load.dtype)}")
+    em.put(*(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
+           Let(taps, Const(0, load.dtype)))
     w.line(f"for tap in range({count}[point]):")
-    lead_text = [em.expr(e) for e in load.index[:lead]]
-    rest = [f"{index}[point, tap, {k}]" for k in range(tail)]
-    w.line(f"    taps += {em.buffer(load.buffer)}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
+    w.depth += 1
+    read = Element(em.buffer(load.buffer), load.index[:lead] + tuple(
+        Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype)
+    em.put(Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True))
+    w.depth -= 1
     em.used.setdefault(load.buffer, None)
-    body([], terms=[(Local("taps", load.dtype), 1.0)], terms_dtype=load.dtype)
+    body([], terms=[(taps, 1.0)], terms_dtype=load.dtype)
 
 
 def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:

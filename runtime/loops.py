@@ -58,8 +58,9 @@ class Local(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Element(Expr):
-    """array[index]: an element of a local array (Allocate), indexed within its shape by the
-    loops that fill it (no check, no wraparound)."""
+    """array[index]: an element of a local array (Allocate) or a module-level table, indexed
+    within its shape by construction (no check, no wraparound); or of a buffer at indices read
+    from such a table (a corner's taps, `gathers._emit_tabled_points`)."""
     array: str
     index: tuple[Expr, ...]
     dtype: str
