@@ -328,6 +328,8 @@ def dtype_of(e: Expr) -> str:
             return promote(dtype_of(t), dtype_of(f))
         case Reduce(op, body, _, _):
             return INDEX_DTYPE if op in ("argmax", "argmin") else reduce_dtype(op, dtype_of(body))
+    if isinstance(getattr(e, "dtype", None), str):  # a node of the loop-nest IR's own (runtime/loops.py)
+        return e.dtype
     raise TypeError(f"not an expression: {e!r}")
 
 

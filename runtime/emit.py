@@ -25,8 +25,8 @@ from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import walk as walk_expr
-from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Element, Fail, For, If, Kind, Let,
-                                     Local, Source, Stmt, Store, block, walk)
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, For,
+                                     If, Kind, Let, Local, Source, Stmt, Store, block, walk)
 from halide_ad.runtime.writer import Writer
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
@@ -141,6 +141,8 @@ def resolve(s: Stmt, em, here: bool = True) -> Stmt:
                 name = em.expr(target)
                 return f"{name} = {COMBINE[op].format(name, em.expr(value))}"
             return _with_inline(em, text, here)
+        case Comment(text):
+            return Source(f"# {text}")
         case Allocate(array, shape, dtype):
             return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
         case Let(var, value):
@@ -377,6 +379,9 @@ class Emitter:
                 return name
             case Element(array, index, _):
                 return f"{array}[{', '.join(self.expr(i) for i in index)}]"
+            case Chain(op, args, grouped):
+                text = f" {op.value} ".join(map(self.expr, args))
+                return f"({text})" if grouped else text
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")
@@ -399,6 +404,11 @@ class Emitter:
 
     def cast(self, text: str, dtype: str) -> str:
         return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"
+
+    def put(self, *stmts: Stmt) -> None:
+        """Write `stmts` where the code generator's Writer `out` stands, resolved now: names,
+        literals and buffers taken in the order the statements are written."""
+        self.out.add(resolve(block(*stmts), self))
 
     def reduce_inline(self, r: Reduce) -> str:
         """Hoist a reduction out of an expression: its loop goes before the line that uses it."""

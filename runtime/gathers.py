@@ -8,16 +8,23 @@ phases of a strided dimension, a separable window's two passes over a ring of ro
 (schedule/separable.py), the corners whose gathers are constant taps as one loop over tables
 (schedule/corners.py); loads read once per iteration are hoisted (schedule/hoist.py); an adjoint
 whose windows walk memory along its last dimension runs a row at a time, in column blocks when
-it is 1-D (schedule/rows.py). The statements are still written as text lines into a Writer, with
-their loops as For nodes (runtime/loops.py), so that runtime/emit.py outlines the parallel ones;
-a gather's pieces are lowered to nests (`lower.gather_piece`) and their long windows split into
-lanes (`split_accumulators`). What is left to make Loops -> Loops passes (issue 27): the
-weighted sums, row gathers and staged pairs print flat text (`(h1 + h2) * f32_2`), which needs
-node types that print verbatim before the nests can be built as data with the same bytes.
+it is 1-D (schedule/rows.py), built whole as a nest (`row_gathers`).
+
+The statements are loop-nest nodes (runtime/loops.py), the weighted sums flat `Chain`
+expressions (`(h1 + h2) * f32_2`), each resolved (`emit.resolve`) where it stands in a Writer that
+opens the loops around them as For nodes, so that runtime/emit.py outlines the parallel ones. A
+Split's nest is not built whole and printed after: the emitter numbers literals and tables, lists
+the kernel's buffers and numbers its run-time checks in the order it prints them, and a point's
+guarded pieces are printed before the sums that precede them (`kernels.emit_backward`'s body),
+their inline reductions placed before those sums; printed in the nest's order, the same kernel
+would number its literals and order its parameters differently. Text lines left: a box without
+regions looping over its spans (`for span in spans:`, a tuple of ranges) and the headers of the
+tabled points' loops (`for tap in range(count[point]):`; a For prints its lower bound).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var
@@ -26,7 +33,8 @@ from halide_ad.affine import Affine
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import Block, Bound, Kind, Local, Stmt, block
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Bound, Chain, Comment, Element, For, Kind, Let,
+                                     Local, Stmt, Store, block, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
@@ -40,18 +48,6 @@ from halide_ad.runtime.writer import Writer
 
 def open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> None:
     w.loop(name, lo, hi, Kind.PARALLEL if parallel else Kind.SERIAL)
-
-
-def _open_rows(w: Writer, em: Emitter, vars_, shape, par: int | None, row: str | None, dtype: str) -> None:
-    """The loops over all but the last of `vars_` (prange on dimension `par`), for a loop nest run
-    a row at a time; where the row accumulates in a local array `row` of `dtype`, that array,
-    allocated once per parallel iteration (once in all, serially)."""
-    if row is not None and par is None:
-        w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
-    for d, v in enumerate(vars_[:-1]):
-        open_loop(w, em.name(v), 0, shape[d], d == par)
-        if row is not None and d == par:
-            w.line(f"{row} = np.empty({shape[-1]}, np.{dtype})")
 
 
 def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
@@ -99,10 +95,10 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
             for d in range(start, len(vars_)):
                 lo, hi = ranges[vars_[d]]
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
-                    w.line(f"{em.name(vars_[d])} = {lo}")
+                    em.put(Let(vars_[d], Const(lo, INDEX_DTYPE)))
                 else:
                     open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par and parallel)
-            _hoist_loads(w, em, gs, ranges, written)
+            _hoist_loads(em, gs, ranges, written)
             body(gs)
             em.hoisted.clear()
             w.depth = depth_
@@ -118,9 +114,9 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
             # a phased row is j = s*q + p: the columns' gathers read it under a name of its own
             aliases = {}
             for v, e in at.items():
-                alias = em.name(Var(f"{v.name}_{e.rhs.value}"))
-                w.line(f"{alias} = {em.expr(e)}")
-                aliases[v] = alias
+                alias = Var(f"{v.name}_{e.rhs.value}")
+                em.put(Let(alias, e))
+                aliases[v] = em.name(alias)
             side(aliases, [c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]])
             dim_loop(d, combo, at)
             side(aliases, [c for c in columns if c[0][vars_[d]][0] > box[vars_[d]][1]])
@@ -149,10 +145,10 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
         lo, hi = box[v]
         open_loop(w, em.name(q), lo // stride, (hi + 1) // stride, d == par)
         if k == len(split.phased) - 1:  # the phases of one iteration share their loads
-            _hoist_loads(w, em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
+            _hoist_loads(em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
                          box_ranges(vars_, shape, split), written)
         for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
-            w.line(f"# phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}")
+            em.put(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"))
             box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
                                                         Const(p, INDEX_DTYPE))})
         w.depth -= 1
@@ -216,14 +212,17 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
         return Affine.of(coeffs, c).to_expr()
 
-    column = em.expr(affine({j: 1}, -lo_j))
+    def ring(row: Expr) -> Element:
+        """The ring's slot for source row `row` (of the ring's numbering), at column j."""
+        return Element(tmp, (Chain(Op.AND, (row, Const(mask, INDEX_DTYPE))), affine({j: 1}, -lo_j)), dtype)
+
     lead = sep.src.index[:-2]
     source_row = affine({k: 1}, sep.row_stride * lo_i + first_row)  # row k of the ring's numbering
-    taps = [(em.expr(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c)))), weight)
+    taps = [(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c))), weight)
             for c, weight in sep.cols]
 
-    w.line(f"# separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first")
-    w.line(f"{tmp} = np.empty(({mask + 1}, {hi_j - lo_j + 1}), np.{dtype})")
+    em.put(Comment(f"separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first"),
+           Allocate(tmp, (mask + 1, hi_j - lo_j + 1), dtype))
     open_loop(w, em.name(i), lo_i, hi_i + 1, False)
     first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
     start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
@@ -231,26 +230,25 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
         start = f"0 if {em.name(i)} == {lo_i} else {start}"
     open_loop(w, em.name(k), start, stop, False)
     open_loop(w, em.name(j), lo_j, hi_j + 1, False)
-    w.line(f"{tmp}[{em.name(k)} & {mask}, {column}] = {' + '.join(weighted_sums(em, taps, dtype))}")
+    em.put(Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype)))))
     w.depth -= 2
     open_loop(w, em.name(j), lo_j, hi_j + 1, False)
-    ring_row = {r: em.expr(affine({i: sep.row_stride}, first + r - first_row)) for r, _ in sep.rows}
-    body([], terms=[(f"{tmp}[{ring_row[r]} & {mask}, {column}]", weight) for r, weight in sep.rows],
+    body([], terms=[(ring(affine({i: sep.row_stride}, first + r - first_row)), weight) for r, weight in sep.rows],
          terms_dtype=dtype)
     w.depth -= 2
 
 
-def _hoist_loads(w: Writer, em: Emitter, gathers, ranges, written: str) -> None:
+def _hoist_loads(em: Emitter, gathers, ranges, written: str) -> None:
     """The loads that `hoist_loads` reads once per iteration, and the indices they share, as
-    lines at the top of the iteration, which the gathers' expressions then print by name."""
+    Lets at the top of the iteration, which the gathers' expressions then print by name."""
     em.hoisted.clear()
     shared, loads = hoist_loads(gathers, ranges, em.shapes, written)
     for i in shared:
         name = f"ix{len(em.hoisted)}"
-        w.line(f"{name} = {em.expr(i)}")
+        em.put(Let(Local(name, INDEX_DTYPE), i))
         em.hoisted[i] = name
     for k, n in enumerate(loads):
-        w.line(f"h{k} = {em.index(n.buffer, n.index, n.buffer)}")
+        em.put(Let(Local(f"h{k}", n.dtype), n))
         em.hoisted[n] = f"h{k}"
 
 
@@ -281,34 +279,45 @@ def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
                       for taps in per_point], "int64")
     weight = em.table([[t[2] for t in taps] + [0.0] * (width - len(taps)) for taps in per_point], load.dtype)
     count = em.table([len(taps) for taps in per_point], "int64")
+    point, tap, taps = Local("point", INDEX_DTYPE), Local("tap", INDEX_DTYPE), Local("taps", load.dtype)
+
+    def const(k: int) -> Const:
+        return Const(k, INDEX_DTYPE)
+
     w.line(f"for point in range({len(points)}):")
     w.depth += 1
-    for k, v in enumerate(at):
-        w.line(f"{em.name(v)} = {where}[point, {k}]")
-    w.line(f"taps = {em.const(0, load.dtype)}")
+    em.put(*(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
+           Let(taps, Const(0, load.dtype)))
     w.line(f"for tap in range({count}[point]):")
-    lead_text = [em.expr(e) for e in load.index[:lead]]
-    rest = [f"{index}[point, tap, {k}]" for k in range(tail)]
-    w.line(f"    taps += {em.buffer(load.buffer)}[{', '.join(lead_text + rest)}] * {weight}[point, tap]")
+    w.depth += 1
+    read = Element(em.buffer(load.buffer), load.index[:lead] + tuple(
+        Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype)
+    em.put(Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True))
+    w.depth -= 1
     em.used.setdefault(load.buffer, None)
-    body([], terms=[("taps", 1.0)], terms_dtype=load.dtype)
+    body([], terms=[(taps, 1.0)], terms_dtype=load.dtype)
 
 
-def weighted_sums(em: Emitter, terms: list[tuple[str, float]], dtype: str) -> list[str]:
-    """`sum(text * weight)` as one sum per weight, its terms added before the weight multiplies
+def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:
+    """`sum(term * weight)` as one sum per weight, its terms added before the weight multiplies
     them (`(h1 + h2 + h6) * f32_2`): numba's compile time grows with every operation. A term
-    whose text is empty is its weight alone."""
-    by_weight: dict[float, list[str]] = {}
-    sums = []
-    for text, weight in terms:
-        if text:
-            by_weight.setdefault(weight, []).append(text)
+    None is its weight alone."""
+    by_weight: dict[float, list[Expr]] = {}
+    sums: list[Expr] = []
+    for term, weight in terms:
+        if term is not None:
+            by_weight.setdefault(weight, []).append(term)
         else:
-            sums.append(em.const(weight, dtype))
-    for weight, texts in by_weight.items():
-        total = texts[0] if len(texts) == 1 else f"({' + '.join(texts)})"
-        sums.append(total if weight == 1 else f"{total} * {em.const(weight, dtype)}")
+            sums.append(Const(weight, dtype))
+    for weight, group in by_weight.items():
+        total = group[0] if len(group) == 1 else Chain(Op.ADD, tuple(group), grouped=True)
+        sums.append(total if weight == 1 else Chain(Op.MUL, (total, Const(weight, dtype))))
     return sums
+
+
+def product(loads: tuple[Load, ...]) -> Expr | None:
+    """The product of `loads`, flat (`h1 * h2`); None for none."""
+    return None if not loads else loads[0] if len(loads) == 1 else Chain(Op.MUL, loads)
 
 
 def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str,
@@ -318,7 +327,7 @@ def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], 
     (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
     bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
     every operation). A long innermost loop adds into LANES partial sums (`split_accumulators`)."""
-    _describe(w, g)
+    w.add(emit.resolve(describe(g), em))
     for piece in g.pieces:
         product = None if piece.loops or any(piece.guards) else factors(piece.value)
         if product is not None and all(x.dtype == dtype for x in product[0]):
@@ -342,65 +351,65 @@ def wide_gathers(gs, adj) -> bool:
     return accumulator_dtype("sum", adj.dtype, gather_terms(gs, adj.shape)) != adj.dtype
 
 
-def emit_row_gathers(w: Writer, em: Emitter, plan, gathers, name: str) -> None:
+def row_gathers(plan, gathers, name: str, temp: Callable[[str], str]) -> Stmt:
     """An adjoint's rows, one at a time: the cotangent and the terms without a window, then each
     window's loops with the row's loop inside them, so that every read walks memory in order.
     Each element adds its terms in the same order as one element at a time would. A float64
-    accumulator is a row of its own, else the adjoint's row accumulates in place."""
+    accumulator is a row of its own, a local array named `temp("row")`, allocated once per
+    parallel iteration (once in all, serially); else the adjoint's row accumulates in place."""
     adj, vars_, shape = plan.adjoint, plan.new_vars, plan.adjoint.shape
-    pieces, outer = [p for g in gathers for p in g.pieces], w.depth
+    pieces = [p for g in gathers for p in g.pieces]
     dtype = "float64" if wide_gathers(gathers, adj) else adj.dtype
-    k, n = em.name(vars_[-1]), shape[-1]
-    store = em.index(name, vars_, name)
-    row = None if dtype == adj.dtype else w.temp("row")
+    k, n = vars_[-1], shape[-1]
+    row = None if dtype == adj.dtype else temp("row")
     terms = gather_terms(gathers, shape) * n
     col_lo, col_hi = 0, n  # the columns the row's loops run
     blocks = rows.column_blocks(shape, terms)
     if blocks is None:
-        acc = store if row is None else f"{row}[{k}]"
-        _open_rows(w, em, vars_, shape, parallel_dim(shape[:-1], terms), row, dtype)
+        acc = Load(name, vars_, adj.dtype) if row is None else Element(row, (k,), dtype)
+        par = parallel_dim(shape[:-1], terms)
+        allocate = Allocate(row, (n,), dtype) if row is not None else None
+        outer = [(v, 0, shape[d], Kind.PARALLEL if d == par else Kind.SERIAL, allocate if d == par else None)
+                 for d, v in enumerate(vars_[:-1])]
+        first_allocate = allocate if par is None else None
     else:  # a 1-D adjoint (a gain's or a bias's): blocks of columns in parallel
-        block, lo = -(-n // blocks), w.temp("col")
-        open_loop(w, f"{lo}_block", 0, blocks, True)
-        w.line(f"{lo} = {lo}_block * {block}")
-        col_lo, col_hi = lo, f"min({lo} + {block}, {n})"
-        if row is not None:
-            w.line(f"{row} = np.empty({block}, np.{dtype})")
-        acc = store if row is None else f"{row}[{k} - {lo}]"
+        width, lo = -(-n // blocks), Local(temp("col"), INDEX_DTYPE)
+        col_lo, col_hi = lo, Bin(Op.MIN, Chain(Op.ADD, (lo, Const(width, INDEX_DTYPE))), Const(n, INDEX_DTYPE))
+        start = Let(lo, Chain(Op.MUL, (Local(f"{lo.name}_block", INDEX_DTYPE), Const(width, INDEX_DTYPE))))
+        allocate = Allocate(row, (width,), dtype) if row is not None else None
+        outer = [(f"{lo.name}_block", 0, blocks, Kind.PARALLEL, block(start, allocate) if allocate else start)]
+        first_allocate = None
+        acc = Load(name, vars_, adj.dtype) if row is None else Element(row, (Chain(Op.SUB, (k, lo)),), dtype)
 
-    def along_row(line) -> None:
-        """The line `line()` writes, in a loop over the row's columns (printed inside it: an
-        inline reduction's loops go there too)."""
-        open_loop(w, k, col_lo, col_hi, False)
-        w.line(line())
-        w.depth -= 1
+    def along_row(s: Stmt) -> For:
+        """`s` in a loop over the row's columns (an inline reduction's loops go inside it too)."""
+        return For(k, col_lo, col_hi, Kind.SERIAL, block(s))
 
-    first = [em.index("ct_" + adj.buffer, vars_, name)] if adj.seeded else []
-    first += [em.expr(p.value) for p in pieces if not p.loops]
-    along_row(lambda: f"{acc} = {' + '.join(first) if first else em.const(0, adj.dtype)}")
+    first = [Load("ct_" + adj.buffer, vars_, adj.dtype)] if adj.seeded else []
+    first += [p.value for p in pieces if not p.loops]
+    start_row = Chain(Op.ADD, tuple(first)) if first else Const(0, adj.dtype)
+    out: list[Stmt] = [along_row(Store(name, vars_, start_row) if row is None else Let(acc, start_row))]
     for g in gathers:
-        _describe(w, g)
+        out.append(describe(g))
         for p in g.pieces:
-            if not p.loops:
-                continue
-            depth = w.depth
-            for loop in p.loops:
-                open_loop(w, em.name(loop.var), em.expr(loop.lo), em.expr(loop.hi), False)
-            along_row(lambda: f"{acc} = {acc} + {em.expr(p.value)}")
-            w.depth = depth
+            if p.loops:
+                out.append(nest([(loop.var, loop.lo, loop.hi, Kind.SERIAL) for loop in p.loops],
+                                along_row(Accumulate(acc, p.value))))
     if row is not None:
-        along_row(lambda: f"{store} = {acc}")
-    w.depth = outer
+        out.append(along_row(Store(name, vars_, acc)))
+    body: Stmt = block(*out)
+    for var, lo_, hi_, kind, top in reversed(outer):
+        body = For(var, lo_, hi_, kind, block(top, body) if top else block(body))
+    return block(first_allocate, body) if first_allocate else body
 
 
-def _describe(w: Writer, c) -> None:
+def describe(c) -> Comment:
     """A comment naming contribution `c` (a Gather or a Fallback): its form, scatter and source."""
     s = c.scatter
-    w.line(f"# {c.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
-           + (f"  ({s.loc})" if s.loc else ""))
+    return Comment(f"{c.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+                   + (f"  ({s.loc})" if s.loc else ""))
 
 
 def emit_scatter(w: Writer, em: Emitter, f, adj_name: str, dtype: str) -> None:
-    _describe(w, f)
-    w.line(f"# kept as a scatter: {f.reason}")
-    w.add(emit.resolve(lower.scatter(f, adj_name, dtype), em))
+    w.add(emit.resolve(block(describe(f), Comment(f"kept as a scatter: {f.reason}"),
+                             lower.scatter(f, adj_name, dtype)), em))

@@ -11,19 +11,20 @@ argmin), a gather's pieces and the fallback scatters come from runtime/lower.py,
 passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`). The
 phased forward nests, the gather loop nests (runtime/gathers.py) and the staging here follow the
 decisions of runtime/schedule/ (`interior`, `pointwise_phases`, `separable_window`, `tabled_points`, `hoist_loads`,
-`gathers_by_rows`, `column_blocks`, `stage_depth`) while they write their statements as text
-lines into a Writer, with the loops around them as For nodes, so that emit.py outlines every
-parallel loop from the nest.
+`gathers_by_rows`, `column_blocks`, `stage_depth`) while they write their statements, nodes
+resolved where they stand (runtime/gathers.py says why), into a Writer, with the loops around
+them as For nodes, so that emit.py outlines every parallel loop from the nest.
 """
 from __future__ import annotations
 
 from halide_ad import config
-from halide_ad.ir import Func, Load, Program, Reduce, adjoint_name, argindex_name
+from halide_ad.ir import Cast, Const, Func, Load, Program, Reduce, adjoint_name, argindex_name
 from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.gathers import (emit_gather, emit_row_gathers, emit_scatter, gather_terms, open_loop,
+from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Store
+from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, product, row_gathers,
                                        split_loop_nest, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
@@ -78,7 +79,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
 def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
     def body(gs, at=None, terms=(), terms_dtype=None):
         index = tuple((at or {}).get(v, v) for v in f.vars)
-        values = [em.expr(p.value) for g in gs for p in g.pieces] + weighted_sums(em, list(terms), f.dtype)
+        values = [em.expr(v) for v in [p.value for g in gs for p in g.pieces] + weighted_sums(list(terms), f.dtype)]
         w.line(f"{em.index(f.name, index, f.name)} = {' + '.join(values)}")
 
     split_loop_nest(w, em, f.vars, f.shape, split, body, [as_gather(f)], f.name)
@@ -112,29 +113,28 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         name = adjoint_name(adj.buffer)
 
         def body(gs, at=None, terms=(), terms_dtype=None):
-            """acc = the gathers `gs` (and the `terms`, (text, weight) pairs whose texts are of
-            `terms_dtype`), stored at j, or at `at[j]` for phased dimensions."""
+            """acc = the gathers `gs` (and the `terms`, (expression, weight) pairs whose
+            expressions are of `terms_dtype`), stored at j, or at `at[j]` for phased dimensions."""
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
+            wide = wide_gathers(gs, adj)
+            acc = Local("acc", "float64" if wide else adj.dtype)
             guarded = Writer()  # the pieces under a guard or in a loop go after the sums
             guarded.depth = w.depth
             like: dict[tuple[Load, ...], float] = {}
             for g in gs:
-                emit_gather(guarded, em, g, like, adj.dtype, "float64" if wide_gathers(gs, adj) else adj.dtype)
-            sums = weighted_sums(em, [(" * ".join(em.expr(x) for x in loads), scale)
-                                       for loads, scale in like.items()] + list(terms), adj.dtype)
+                emit_gather(guarded, em, g, like, adj.dtype, acc.dtype)
+            sums = weighted_sums([(product(loads), scale) for loads, scale in like.items()] + list(terms), adj.dtype)
             # the first sum starts acc where it is of acc's dtype (the terms' may not be)
-            first = (em.index("ct_" + adj.buffer, index, name) if adj.seeded else
-                     sums.pop(0) if like or sums and terms_dtype == adj.dtype else em.const(0, adj.dtype))
-            if wide_gathers(gs, adj):
-                first = em.cast(first, "float64")
-            w.line(f"acc = {first}")
-            for term in sums:
-                w.line(f"acc += {term}")
+            first = (Load("ct_" + adj.buffer, index, adj.dtype) if adj.seeded else
+                     sums.pop(0) if like or sums and terms_dtype == adj.dtype else Const(0, adj.dtype))
+            em.put(Let(acc, Cast("float64", first) if wide else first),
+                   *(Accumulate(acc, term, augmented=True) for term in sums))
             w.extend(guarded)
-            w.line(f"{em.index(name, index, name)} = acc")
+            em.put(Store(name, index, acc))
 
         if not opened and splits[k] is None and gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
-            emit_row_gathers(w, em, plan, gathers[k], name)
+            em.index(name, plan.new_vars, name)  # (the adjoint first among the buffers its rows use)
+            em.put(row_gathers(plan, gathers[k], name, w.temp))
             return
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
         split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms)
@@ -143,7 +143,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     while k < len(computed):
         plan = computed[k]
         name = adjoint_name(plan.adjoint.buffer)
-        w.line(f"# {name}: {len(plan.contributions)} contribution(s)")
+        em.put(Comment(f"{name}: {len(plan.contributions)} contribution(s)"))
         depth = stage_depth(computed, splits, gathers, k, private)
         if depth:
             _emit_staged(w, em, computed, k, depth, nest)
@@ -165,8 +165,8 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> 
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
     stage = w.temp("stage")  # unique in the kernel: two stages in one function may differ in type
-    w.line(f"# {adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
-           f"reading {name} one plane at a time from {stage}")
+    em.put(Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
+                   f"reading {name} one plane at a time from {stage}"))
     base, par = w.depth, parallel_dim(shape)
     allocate = f"{stage} = np.empty({tuple(producer.adjoint.shape[depth:])}, np.{dtype})"
     if par is None:
@@ -177,7 +177,7 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> 
             w.line(allocate)
     for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True):
         if em.name(mine) != em.name(theirs):
-            w.line(f"{em.name(mine)} = {em.name(theirs)}")
+            em.put(Let(mine, theirs))
     em.staged[name] = (depth, stage)
     level = w.depth
     nest(k, depth)

@@ -4,10 +4,10 @@
 them, and `runtime/emit.py` prints them as the Python that numba compiles, outlining each parallel
 loop into the functions `parallel_for` runs. Values, indices and conditions are `halide_ad.ir`
 expressions. A `Source` node is a line of hand-written Python for what has no node of its own yet:
-the gather loop nests of runtime/gathers.py (not lowered to this IR yet) write their statements as
-such lines, with the loops around them as `For` nodes; lowered nests use two, named where they
-are made: the lanes' combination (`split_accumulators`) and the NaN rule of an extremum's test
-(`lower.extremum`).
+lowered nests use two, named where they are made: the lanes' combination (`split_accumulators`)
+and the NaN rule of an extremum's test (`lower.extremum`); the gather loop nests of
+runtime/gathers.py, whose statements are nodes resolved where they stand in a Writer, a few
+(named in its docstring), and the forward's phased store (`kernels._emit_phased`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from halide_ad.ir import Expr, Load, Var
+from halide_ad.ir import Expr, Load, Op, Var, dtype_of
 from halide_ad.ir import show as show_expr
 
 
@@ -58,11 +58,27 @@ class Local(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Element(Expr):
-    """array[index]: an element of a local array (Allocate), indexed within its shape by the
-    loops that fill it (no check, no wraparound)."""
+    """array[index]: an element of a local array (Allocate) or a module-level table, indexed
+    within its shape by construction (no check, no wraparound); or of a buffer at indices read
+    from such a table (a corner's taps, `gathers._emit_tabled_points`)."""
     array: str
     index: tuple[Expr, ...]
     dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chain(Expr):
+    """args[0] op args[1] op ...: terms combined left to right, printed flat (`h1 * h2 * f32_3`,
+    `k & 3`), in parentheses where `grouped` (`(h1 + h2 + h6) * f32_2`), instead of the pair of
+    parentheses a Bin prints around each operation. The weighted sums of a gather loop nest
+    (`gathers.weighted_sums`) are chains."""
+    op: Op
+    args: tuple[Expr, ...]
+    grouped: bool = False
+
+    @property
+    def dtype(self) -> str:
+        return dtype_of(self.args[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +137,12 @@ class Allocate:
 
 
 @dataclass(frozen=True, slots=True)
+class Comment:
+    """`# text`: what the code that follows computes, for a person reading the kernel."""
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Source:
     """A line of Python text, and the statements nested under it (`if ...:`, a loop written as
     text, a comment). The code generator's statements not lowered to nodes yet."""
@@ -128,7 +150,7 @@ class Source:
     body: Block = Block()
 
 
-Stmt = Block | For | Store | Accumulate | If | Let | Fail | Allocate | Source
+Stmt = Block | For | Store | Accumulate | If | Let | Fail | Allocate | Comment | Source
 
 
 def children(s: Stmt) -> tuple[Stmt, ...]:
@@ -197,6 +219,8 @@ def _show(s: Stmt, depth: int) -> list[str]:
             conds = cond if isinstance(cond, tuple) else (cond,)
             lines = [f"{pad}if {' and '.join(map(_expr, conds))}:"] + _show(then, depth + 1)
             return lines + ([f"{pad}else:"] + _show(otherwise, depth + 1) if otherwise else [])
+        case Comment(text):
+            return [f"{pad}# {text}"]
         case Source(text, body):
             return [pad + text] + _show(body, depth + 1)
     raise TypeError(f"not a statement: {s!r}")
@@ -210,4 +234,7 @@ def _expr(e) -> str:
             return name
         case Element(array, index, _):
             return f"{array}[{', '.join(map(_expr, index))}]"
+        case Chain(op, args, grouped):
+            text = f" {op.value} ".join(map(_expr, args))
+            return f"({text})" if grouped else text
     return show_expr(e)

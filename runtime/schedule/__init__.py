@@ -1,6 +1,6 @@
 """Schedule passes: pure Loops -> Loops rewrites of the nests runtime/lower.py builds, one per file,
 and the schedule decisions that the gather loop nests (runtime/gathers.py) still follow while they
-print text.
+write their statements.
 
 Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `parallel.py`, `choose_parallel`: which loop of a nest runs in parallel (`parallel_dim`); also

@@ -4,7 +4,7 @@ they share.
 Without this, a store between two phases makes LLVM read again and not vectorize. An index that
 two hoisted loads share is computed once, before them: numba's compile time grows with every
 operation, and an edge of a bilinear gradient reads 12 loads at 4 columns. runtime/gathers.py
-prints the decision as `ix<k> = ...` and `h<k> = ...` lines.
+writes the decision as `ix<k> = ...` and `h<k> = ...` Lets at the top of the iteration.
 """
 from __future__ import annotations
 

@@ -1,0 +1,69 @@
+"""The gradient's gather loop nests built as loop-nest data (runtime/gathers.py): the weighted
+sums of a region's constant taps, as expressions that print flat; an adjoint run a row at a time."""
+import pytest
+
+from halide_ad.ir import Adjoint, Bin, Const, Load, Op, Range, Scatter, Var
+from halide_ad.runtime import emit
+from halide_ad.runtime.emit import Emitter
+from halide_ad.runtime.gathers import product, row_gathers, weighted_sums
+from halide_ad.runtime.loops import Accumulate, Allocate, Block, Chain, Element, For, Kind, Store, loops, show, walk
+from halide_ad.runtime.plans import AdjointPlan
+from halide_ad.runtime.schedule.rows import COLUMN_BLOCK
+from halide_ad.solver import Gather, GatherPiece
+
+i = Var("i")
+
+
+def _x(k: int) -> Load:
+    return Load("x", (Const(k, "int64"),), "float32")
+
+
+def test_weighted_sums_add_the_terms_of_each_weight_before_it_multiplies_them():
+    terms = [(_x(0), 0.5), (product((_x(1), _x(2))), 1.0), (_x(3), 0.5), (None, 2.0)]
+    sums = weighted_sums(terms, "float32")
+    assert sums[0] == Const(2.0, "float32")  # a weight alone first
+    assert sums[1] == Chain(Op.MUL, (Chain(Op.ADD, (_x(0), _x(3)), grouped=True), Const(0.5, "float32")))
+    assert sums[2] == Chain(Op.MUL, (_x(1), _x(2)))  # weight 1: no product
+    em = Emitter({"x": (4,)})
+    assert [em.expr(s) for s in sums] == ["f32_0", "(x[0] + x[3]) * f32_1", "x[1] * x[2]"]
+    assert product(()) is None and product((_x(0),)) == _x(0)
+
+
+def _window_gather(dtype: str = "float32") -> tuple[AdjointPlan, Gather]:
+    """adj_g[j] += dy[r, j] * x[r, j] over r < 300: a gain's gradient, whose window walks rows."""
+    j, r = Var("j"), Var("r")
+    value = Bin(Op.MUL, Load("dy", (r, j), dtype), Load("x", (r, j), dtype))
+    scatter = Scatter("g", (j,), value, (Range(r, 0, 300), Range(j, 0, 1024)))
+    gather = Gather(scatter, (j,), (GatherPiece((Range(r, 0, 300),), ((), ()), value, ()),))
+    adjoint = Adjoint("g", (1024,), dtype, False, (scatter,))
+    return AdjointPlan(adjoint, (j,), (gather,)), gather
+
+
+def test_rows_of_a_long_window_accumulate_in_a_float64_row_in_parallel_blocks_of_columns(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
+    plan, gather = _window_gather()
+    names = iter(["row1", "col2"])
+    nest = row_gathers(plan, [gather], "adj_g", lambda base: next(names))
+    (blocks,) = [s for s in nest.body if isinstance(s, For)] if isinstance(nest, Block) else [nest]
+    assert blocks.kind is Kind.PARALLEL and blocks.var == "col2_block" and blocks.hi == 1024 // COLUMN_BLOCK
+    assert any(isinstance(s, Allocate) and s.dtype == "float64" for s in walk(blocks))  # one row per block
+    window = [s for s in walk(blocks) if isinstance(s, For) and s.var == Var("r")]
+    # the window's loop outside the row's: every read walks memory along j
+    assert len(window) == 1 and loops(window[0])[1].var == Var("j")
+    (add,) = [s for s in walk(window[0]) if isinstance(s, Accumulate)]
+    assert isinstance(add.target, Element) and add.target.array == "row1"
+    (store,) = [s for s in walk(blocks) if isinstance(s, Store)]
+    assert store.buffer == "adj_g" and store.value == add.target
+    source = "\n".join(emit.render(nest, Emitter({"dy": (300, 1024), "x": (300, 1024), "adj_g": (1024,)})))
+    assert "col2 = col2_block * 128" in source and "for j in range(col2, min(col2 + 128, 1024)):" in source
+    assert "# gather-window: adj_g[j] += dy[r, j] * x[r, j]" in show(nest)  # (HALIDE_AD_DUMP's text)
+
+
+def test_rows_of_a_short_window_accumulate_in_the_adjoint(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", str(1 << 30))
+    plan, gather = _window_gather("float64")
+    nest = row_gathers(plan, [gather], "adj_g", lambda base: pytest.fail("no temporary"))
+    assert not any(isinstance(s, Allocate) for s in walk(nest)) and all(
+        s.kind is Kind.SERIAL for s in loops(nest))
+    (add,) = [s for s in walk(nest) if isinstance(s, Accumulate)]
+    assert add.target == Load("adj_g", (Var("j"),), "float64")
