@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from halide_ad import ir
 from halide_ad.ir import Bin, Expr, Func, Load, Op, Range, Reduce, Select, Update, Var
-from halide_ad.tensor import add_func
+from halide_ad.stages import add_func
 from halide_ad.update_ad import first_extremum, combine, combine_kind, is_own_read, runs_backwards
 from halide_ad.updates import finished
 from halide_ad.traverse import rewrite, substitute, walk
