@@ -4,14 +4,17 @@ the Python numba compiles.
 `emit_forward` builds one function that fills every Func's buffer, stage after stage;
 `emit_backward` one that fills every adjoint: a gather loop nest per adjoint (one writer per
 element, parallel over the outermost useful dimension; runtime/gathers.py), then any fallback
-scatters. Two adjoints may run a plane at a time together (`schedule.stage.stage_depth`).
+scatters. Two adjoints may run a plane at a time together (`schedule.stage.stage_depth`), and
+consecutive ones a row of each per iteration of one parallel loop (`schedule.stage.row_group`);
+the forward's nests likewise (`schedule.fuse_rows`).
 
 Every forward nest but the phased ones (pointwise, sums and products, max and min, argmax and
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
-passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`). The
-phased forward nests, the gather loop nests (runtime/gathers.py) and the staging here follow the
-decisions of runtime/schedule/ (`interior`, `pointwise_phases`, `separable_window`, `tabled_points`, `hoist_loads`,
-`gathers_by_rows`, `column_blocks`, `stage_depth`) while they write their statements as text
+passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`,
+`fuse_rows`). The phased forward nests, the gather loop nests (runtime/gathers.py) and the
+staging here follow the decisions of runtime/schedule/ (`interior`, `pointwise_phases`,
+`separable_window`, `tabled_points`, `hoist_loads`, `gathers_by_rows`, `column_blocks`,
+`stage_depth`, `row_group`) while they write their statements as text
 lines into a Writer, with the loops around them as For nodes, so that emit.py outlines every
 parallel loop from the nest.
 """
