@@ -4,16 +4,19 @@ the Python numba compiles.
 `emit_forward` builds one function that fills every Func's buffer, stage after stage;
 `emit_backward` one that fills every adjoint: a gather loop nest per adjoint (one writer per
 element, parallel over the outermost useful dimension; runtime/gathers.py), then any fallback
-scatters. Two adjoints may run a plane at a time together (`schedule.stage.stage_depth`).
+scatters. Two adjoints may run a plane at a time together (`schedule.stage.stage_depth`), and
+consecutive ones a row of each per iteration of one parallel loop (`schedule.stage.row_group`);
+the forward's nests likewise (`schedule.fuse_rows`).
 
 Every forward nest but the phased ones (pointwise, sums and products, max and min, argmax and
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
-passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`). The
-phased forward nests, the gather loop nests (runtime/gathers.py) and the staging here follow the
-decisions of runtime/schedule/ (`interior`, `pointwise_phases`, `separable_window`, `tabled_points`, `hoist_loads`,
-`gathers_by_rows`, `column_blocks`, `stage_depth`) while they write their statements, nodes
-resolved where they stand (runtime/gathers.py says why), into a Writer, with the loops around
-them as For nodes, so that emit.py outlines every parallel loop from the nest.
+passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`,
+`fuse_rows`). The phased forward nests, the gather loop nests (runtime/gathers.py) and the
+staging here follow the decisions of runtime/schedule/ (`interior`, `pointwise_phases`,
+`separable_window`, `tabled_points`, `hoist_loads`, `gathers_by_rows`, `column_blocks`,
+`stage_depth`, `row_group`) while they write their statements, nodes resolved where they stand
+(runtime/gathers.py says why), into a Writer, with the loops around them as For nodes, so that
+emit.py outlines every parallel loop from the nest.
 """
 from __future__ import annotations
 
@@ -23,15 +26,16 @@ from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Store
+from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Source, Stmt, Store, block, walk
 from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, product, row_gathers,
                                        split_loop_nest, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
+from halide_ad.runtime.schedule.fuse_rows import fuse_rows
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_phases
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
-from halide_ad.runtime.schedule.stage import stage_depth
+from halide_ad.runtime.schedule.stage import row_group, stage_depth
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import flat_index
 
@@ -54,26 +58,50 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     em = Emitter(shapes)
     w = em.out
     w.depth = 1
+    run: list[tuple[Func, Stmt]] = []  # the funcs since the last phased one, with their nests
     for f in funcs:
-        w.line(f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else ""))
+        if (split := pointwise_phases(f)) is None:
+            run.append((f, _forward_nest(f, w)))
+            continue
+        _emit_nests(em, run)
+        run = []
+        w.line(_comment(f))
         depth = w.depth
-        if (split := pointwise_phases(f)) is not None:
-            _emit_phased(w, em, f, split)
-        elif not isinstance(f.body, Reduce):
-            w.add(emit.resolve(schedule.run(choose_parallel, lower.pointwise(f)), em))
-        elif f.body.op in ("sum", "prod") or f.body.op in ("max", "min") and not f.keeps_argindex:
-            em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
-            nest = lower.reduction(f, lower.accumulator(f.body, "acc"))
-            nest = schedule.run(choose_parallel, nest, lower.terms(f.body))
-            nest = schedule.run(interchange_rows, nest, f.dtype, w.temp)
-            w.add(emit.resolve(schedule.run(split_accumulators, nest), em))
-        else:
-            em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
-            nest = lower.extremum_func(f, argindex_name(f.name) if f.keeps_argindex else None,
-                                       flat_index(f.body.rvars))
-            w.add(emit.resolve(schedule.run(choose_parallel, nest, lower.terms(f.body)), em))
+        _emit_phased(w, em, f, split)
         w.depth = depth
+    _emit_nests(em, run)
     return _function(em, entry), list(em.used), em.checks
+
+
+def _comment(f: Func) -> str:
+    return f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else "")
+
+
+def _forward_nest(f: Func, w: Writer) -> Stmt:
+    """The scheduled loop nest computing Func `f`, which is not run in phases."""
+    if not isinstance(f.body, Reduce):
+        return schedule.run(choose_parallel, lower.pointwise(f))
+    if f.body.op in ("sum", "prod") or f.body.op in ("max", "min") and not f.keeps_argindex:
+        nest = lower.reduction(f, lower.accumulator(f.body, "acc"))
+        nest = schedule.run(choose_parallel, nest, lower.terms(f.body))
+        nest = schedule.run(interchange_rows, nest, f.dtype, w.temp)
+        return schedule.run(split_accumulators, nest)
+    nest = lower.extremum_func(f, argindex_name(f.name) if f.keeps_argindex else None, flat_index(f.body.rvars))
+    return schedule.run(choose_parallel, nest, lower.terms(f.body))
+
+
+def _emit_nests(em: Emitter, run: list[tuple[Func, Stmt]]) -> None:
+    """The nests of `run`'s funcs, each after its comment, those of a row group in one loop
+    (`fuse_rows`)."""
+    if not run:
+        return
+    nests = schedule.run(fuse_rows, block(*(s for f, nest in run for s in (Source(_comment(f)), nest))))
+    for stmt in nests.body:
+        stored = {n.buffer for n in walk(stmt) if isinstance(n, Store)}
+        for f, _ in run:
+            if isinstance(f.body, Reduce) and f.name in stored:
+                em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
+        em.out.add(emit.resolve(stmt, em))
 
 
 def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
@@ -139,11 +167,19 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
         split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms)
 
+    terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
     k = 0
     while k < len(computed):
         plan = computed[k]
         name = adjoint_name(plan.adjoint.buffer)
         em.put(Comment(f"{name}: {len(plan.contributions)} contribution(s)"))
+        # (HALIDE_AD_SKIP=fuse_rows leaves the forward's row groups and these out)
+        count, depth = (0, 0) if config.skipped("fuse_rows") else row_group(computed, splits, gathers, terms, k, private)
+        if count:
+            _emit_row_group(w, em, computed, range(k, k + count), depth,
+                            lambda m: stage_depth(computed, splits, gathers, m, private), nest)
+            k += count
+            continue
         depth = stage_depth(computed, splits, gathers, k, private)
         if depth:
             _emit_staged(w, em, computed, k, depth, nest)
@@ -157,10 +193,38 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     return _function(em, entry), list(em.used), em.checks
 
 
-def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> None:
+def _emit_row_group(w: Writer, em: Emitter, computed, members: range, depth: int, staged, nest) -> None:
+    """Adjoints `members` in one loop nest over their leading `depth` dimensions, the last of
+    them parallel, a plane of each per iteration (`schedule.stage.row_group`); `staged(m)`:
+    adjoint m and the next one's `stage_depth`."""
+    first = computed[members.start]
+    base = w.depth
+    for d in range(depth):
+        open_loop(w, em.name(first.new_vars[d]), 0, first.adjoint.shape[d], d == depth - 1)
+    level = w.depth
+    m = members.start
+    while m < members.stop:
+        plan = computed[m]
+        if m > members.start:
+            em.put(Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s)"))
+        unit = 2 if staged(m) else 1
+        for mine, theirs in zip(computed[m + unit - 1].new_vars[:depth], first.new_vars[:depth], strict=True):
+            if em.name(mine) != em.name(theirs):
+                em.put(Let(mine, theirs))
+        if unit == 2:
+            _emit_staged(w, em, computed, m, staged(m), nest, depth)
+        else:
+            nest(m, depth)
+        w.depth = level
+        m += unit
+    w.depth = base
+
+
+def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) -> None:
     """Adjoint k and the next one, a plane of each per iteration of their leading `depth`
     dimensions, adjoint k's plane in a local array (see `stage_depth`); `nest(k, opened)` emits
-    adjoint k's loop nest inside loops already open."""
+    adjoint k's loop nest inside loops already open. The loops over the first `opened`
+    dimensions are open already (a row group's, the parallel one among them)."""
     producer, consumer = computed[k], computed[k + 1]
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
@@ -169,9 +233,9 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest) -> 
                    f"reading {name} one plane at a time from {stage}"))
     base, par = w.depth, parallel_dim(shape)
     allocate = f"{stage} = np.empty({tuple(producer.adjoint.shape[depth:])}, np.{dtype})"
-    if par is None:
+    if par is None or par < opened:
         w.line(allocate)
-    for d in range(depth):
+    for d in range(opened, depth):
         open_loop(w, em.name(consumer.new_vars[d]), 0, shape[d], d == par)
         if d == par:  # one plane per thread
             w.line(allocate)

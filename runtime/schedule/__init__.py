@@ -9,6 +9,8 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   row at a time, that loop inside the reduction's.
 * `accumulate.py`, `split_accumulators`: a long reduction or gather window over a contiguous
   axis as LANES partial results (also for the gathers' pieces).
+* `fuse_rows.py`, `fuse_rows`: then, over the kernel's nests, consecutive nests that share buffers
+  only at their outer loop's row as one loop over the rows.
 
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the
@@ -18,7 +20,8 @@ Decisions, pure functions of the IR, each tested on data:
 * `corners.py`, `tabled_points`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `hoist_loads`: the loads an iteration reads once, at its top.
 * `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time.
-* `stage.py`, `stage_depth`: two adjoints run a plane at a time together.
+* `stage.py`, `stage_depth`: two adjoints run a plane at a time together; `row_group`:
+  consecutive adjoints run a row (a plane) of each per iteration of one parallel loop.
 * `rfactor.py`, `split_reduction`: a long reduction to one point as parallel partial results.
 
 Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it

@@ -10,6 +10,7 @@ from halide_ad.ir import Load, adjoint_name
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.runtime.schedule.boundary import cut_dims, piece_exprs
 from halide_ad.runtime.schedule.parallel import parallel_dim
+from halide_ad.runtime.schedule.rows import gathers_by_rows
 from halide_ad.traverse import walk
 
 MAX_STAGE = 1 << 18  # elements of a staged adjoint's plane, per thread: L2-sized
@@ -28,17 +29,69 @@ def stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> i
     shape = consumer.adjoint.shape
     if name not in private or any(len(p.contributions) != len(g) for p, g in zip(computed[k:k + 2], gathers[k:k + 2])):
         return 0  # a fallback scatter runs as a loop nest of its own
-    depth = min([len(p.adjoint.shape) - (1 if s is None or s.separable is None else 2)  # a separable window's
-                 for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)]  # two passes need a plane
-                + [d for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True)
-                   for d in cut_dims(p.new_vars, p.adjoint.shape, s)[:1]])
+    depth = min(_whole_dims(p, s) for p, s in zip(computed[k:k + 2], splits[k:k + 2], strict=True))
     par = parallel_dim(shape)  # (depth is -1 for a 0-d adjoint)
     if (depth <= 0 or par is not None and par >= depth or producer.adjoint.shape[:depth] != shape[:depth]
             or parallel_dim(producer.adjoint.shape) != par or math.prod(producer.adjoint.shape[depth:]) > MAX_STAGE):
         return 0
-    loads = [n for g in gathers[k + 1] for p in g.pieces for e in piece_exprs(p) for n in walk(e)
-             if isinstance(n, Load) and n.buffer == name]
-    if not loads or any(n.index[:depth] != consumer.new_vars[:depth] or any(map(checked_at_run_time, n.index))
-                        for n in loads):
+    loads = _loads(gathers[k + 1], {name})
+    if not loads or not _at_own_planes(loads, consumer, depth):
         return 0
     return depth
+
+
+def row_group(computed, splits, gathers, terms, k: int, private: frozenset[str]) -> tuple[int, int]:
+    """(n, depth): adjoints k, ..., k + n - 1 of `computed` run in one loop nest over their
+    leading `depth` dimensions, the last of them the parallel one, each iteration computing a
+    plane of each in order (a pair that `stage_depth` stages as one unit, its loops over the
+    dimensions past `depth` inside); (0, 0) where fewer than two units would. `terms[m]` is
+    adjoint m's gathers' terms per element. A member has gathers only, the parallel dimension
+    its own loop nest would have, the first member's extents in the leading dimensions and a
+    nest that leaves them whole, and it reads the members before it only in the plane the same
+    iteration computed. softmax's gradient: adj_softmax_sum, then the staged pair adj_softmax_exp
+    and adj_x, a row of each per iteration, instead of two passes over the rows."""
+    first = computed[k]
+    par = parallel_dim(first.adjoint.shape, terms[k])
+    if par is None:
+        return 0, 0
+    depth, lead = par + 1, first.adjoint.shape[:par + 1]
+    written: set[str] = set()
+    units, m = 0, k
+    while m < len(computed):
+        staged = stage_depth(computed, splits, gathers, m, private)
+        if 0 < staged < depth:
+            break
+        unit = range(m, m + (2 if staged else 1))
+        if not all(_joins(computed[i], splits[i], gathers[i], terms[i], depth, lead, written) for i in unit):
+            break
+        written |= {adjoint_name(computed[i].adjoint.buffer) for i in unit}
+        units, m = units + 1, unit.stop
+    return (m - k, depth) if units >= 2 else (0, 0)
+
+
+def _joins(plan, split, gathers, terms: float, depth: int, lead: tuple[int, ...], written: set[str]) -> bool:
+    shape = plan.adjoint.shape
+    return (len(plan.contributions) == len(gathers) and shape[:depth] == lead
+            and parallel_dim(shape, terms) == depth - 1 and _whole_dims(plan, split) >= depth
+            and not (split is None and gathers_by_rows(plan.new_vars, shape, gathers))
+            and _at_own_planes(_loads(gathers, written), plan, depth))
+
+
+def _whole_dims(plan, split) -> int:
+    """How many leading dimensions adjoint `plan`'s loop nest leaves whole (a separable window's
+    two passes need a plane)."""
+    shape = plan.adjoint.shape
+    return min([len(shape) - (1 if split is None or split.separable is None else 2)]
+               + cut_dims(plan.new_vars, shape, split)[:1])
+
+
+def _loads(gathers, buffers) -> list[Load]:
+    """The gathers' reads of `buffers`."""
+    return [n for g in gathers for p in g.pieces for e in piece_exprs(p) for n in walk(e)
+            if isinstance(n, Load) and n.buffer in buffers]
+
+
+def _at_own_planes(loads: list[Load], plan, depth: int) -> bool:
+    """Whether each of `loads` reads the plane of adjoint `plan`'s leading `depth` variables."""
+    return all(n.index[:depth] == plan.new_vars[:depth] and not any(map(checked_at_run_time, n.index))
+               for n in loads)

@@ -1,0 +1,138 @@
+"""fuse_rows: consecutive forward nests that each compute a row from rows at the same index run as
+one loop over the rows, each iteration computing the row's stages in order (Halide's compute_at
+at row granularity).
+
+softmax over the rows of (4096, 1024) is four nests (max, exp, sum, divide), each a parallel loop
+over the 4096 rows and a pass over 16 MiB; fused, a row's 4 KiB stays in cache from the max to
+the divide. Every element is computed by the same operations in the same order as before: the
+results are the same bits.
+
+A nest joins the group before it where
+* its outermost loop has the group's bounds, step and kind (parallel, or serial);
+* every buffer that it and a nest of the group share, one of them writing it, is read and
+  written at an index whose leading component is the outer loop's variable: iteration i then
+  reads only what iteration i wrote (or what no nest of the group writes).
+The nests are runtime/lower.py's: their Source lines are the lanes' combination and the NaN rule
+of an extremum, which name locals only; a nest whose loop variable is text (written as text by
+runtime/gathers.py) never joins. Comment lines between two nests of a group go inside the fused
+loop, before the later nest's body.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from halide_ad.ir import Expr, Load, Var
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, For, If, Kind, Let, Source, Stmt, Store, block,
+                                     walk)
+from halide_ad.traverse import substitute, walk as walk_expr
+
+
+def fuse_rows(s: Block) -> Block:
+    """`s`, a kernel's top-level statements, with each run of nests that can share their outer
+    loop (see the module's docstring) as one loop whose body is theirs, in order."""
+    out: list[Stmt] = []
+    group: list[For] = []  # the nests of the open group, their loop variable renamed to the first's
+    comments: list[Source] = []  # comment lines after the group's last nest
+    for stmt in s.body:
+        if _comment(stmt):
+            comments.append(stmt)
+            continue
+        if group and isinstance(stmt, For) and (joined := _join(group, stmt)) is not None:
+            group.append(replace(joined, body=block(*comments, joined.body)))
+        else:
+            out.extend(_fused(group))
+            group = [stmt] if _candidate(stmt) else []
+            out.extend(comments)
+            if not group:
+                out.append(stmt)
+        comments = []
+    return Block(tuple(out + _fused(group) + comments))
+
+
+def _comment(s: Stmt) -> bool:
+    return isinstance(s, Source) and not s.body.body and s.text.startswith("#")
+
+
+def _candidate(s: Stmt) -> bool:
+    return (isinstance(s, For) and isinstance(s.var, Var) and s.kind in (Kind.PARALLEL, Kind.SERIAL)
+            and s.step == 1 and isinstance(s.lo, int) and isinstance(s.hi, int))
+
+
+def _fused(group: list[For]) -> list[Stmt]:
+    if len(group) < 2:
+        return list(group)
+    return [replace(group[0], body=block(*(nest.body for nest in group)))]
+
+
+def _join(group: list[For], nest: For) -> For | None:
+    """`nest` with its outer loop variable renamed to the group's, where it may join the group."""
+    first = group[0]
+    if not _candidate(nest) or (nest.lo, nest.hi, nest.kind) != (first.lo, first.hi, first.kind):
+        return None
+    if nest.var != first.var:
+        if first.var in _vars(nest):  # an inner loop or a read of the group's name: no renaming
+            return None
+        nest = _rename(nest, {nest.var: first.var})
+    mine = _accesses(nest)
+    theirs = [a for member in group for a in _accesses(member)]
+    written = {b for b, _, w in mine if w} | {b for b, _, w in theirs if w}
+    shared = written & {b for b, _, _ in mine} & {b for b, _, _ in theirs}
+    if any(b in shared and (not index or index[0] != first.var) for b, index, _ in mine + theirs):
+        return None
+    return nest
+
+
+def _accesses(s: Stmt) -> list[tuple[str, tuple[Expr, ...], bool]]:
+    """(buffer, index, whether written) for every read and write of a buffer in `s`."""
+    out: list[tuple[str, tuple[Expr, ...], bool]] = []
+    for n in walk(s):
+        if isinstance(n, Store):
+            out.append((n.buffer, n.index, True))
+        elif isinstance(n, Accumulate) and isinstance(n.target, Load):
+            out.append((n.target.buffer, n.target.index, True))
+        out += [(e.buffer, e.index, False) for x in _exprs(n) for e in walk_expr(x) if isinstance(e, Load)]
+    return out
+
+
+def _exprs(s: Stmt) -> tuple[Expr, ...]:
+    """The expressions of statement `s` itself (not of the statements inside it)."""
+    match s:
+        case For(var, lo, hi):
+            return tuple(e for e in (var, lo, hi) if isinstance(e, Expr))
+        case Store(_, index, value):
+            return (*index, value)
+        case Accumulate(target, value):
+            return (target, value)
+        case Let(var, value):
+            return (var, value)
+        case If(cond):
+            return cond if isinstance(cond, tuple) else (cond,)
+    return ()
+
+
+def _vars(s: Stmt) -> set[Var]:
+    return {v for n in walk(s) for x in _exprs(n) for v in walk_expr(x) if isinstance(v, Var)}
+
+
+def _rename(s: Stmt, env: dict[Var, Var]) -> Stmt:
+    """`s` with the variables of `env` replaced."""
+    match s:
+        case Block(body):
+            return Block(tuple(_rename(c, env) for c in body))
+        case For(var, lo, hi, _, body):
+            lo, hi = (substitute(b, env) if isinstance(b, Expr) else b for b in (lo, hi))
+            return replace(s, var=env.get(var, var), lo=lo, hi=hi, body=_rename(body, env))
+        case Store(_, index, value):
+            return replace(s, index=tuple(substitute(e, env) for e in index), value=substitute(value, env))
+        case Accumulate(target, value):
+            return replace(s, target=substitute(target, env), value=substitute(value, env))
+        case Let(var, value):
+            return replace(s, var=substitute(var, env), value=substitute(value, env))
+        case If(cond, then, otherwise):
+            cond = tuple(substitute(c, env) for c in cond) if isinstance(cond, tuple) else substitute(cond, env)
+            return replace(s, cond=cond, then=_rename(then, env), otherwise=otherwise and _rename(otherwise, env))
+        case Source(_, body):
+            return replace(s, body=_rename(body, env))
+        case Allocate():
+            return s
+    raise TypeError(f"not a statement: {s!r}")

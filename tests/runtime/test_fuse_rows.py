@@ -1,0 +1,214 @@
+"""Row groups: forward nests fused into one loop over the rows (runtime/schedule/fuse_rows.py) and
+the gradient's adjoints computed a row of each per iteration (`schedule.stage.row_group`).
+
+The pass is checked on hand-built nests; the kernels fused and unfused (HALIDE_AD_SKIP=fuse_rows)
+must give the same bits, and the gradients PyTorch's."""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import halide_ad as hd
+import halide_ad.ops as ops
+from halide_ad.api import as_function
+from halide_ad.compiler import _private_adjoints, plan_gradient
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Var
+from halide_ad.runtime.gathers import gather_terms
+from halide_ad.runtime.loops import Accumulate, Block, For, Kind, Let, Local, Source, Store, block
+from halide_ad.runtime.schedule import interior
+from halide_ad.runtime.schedule.fuse_rows import fuse_rows
+from halide_ad.runtime.schedule.stage import row_group
+from halide_ad.solver import Gather
+
+i, k, j, r = Var("i"), Var("k"), Var("j"), Var("r")
+ROWS, COLS = 64, 32
+
+
+def _mirror(v: Var) -> Bin:
+    return Bin(Op.SUB, Const(ROWS - 1, INDEX_DTYPE), v)
+
+
+def _row_sum(name: str, src: str, var: Var, kind: Kind = Kind.PARALLEL, rows: int = ROWS) -> For:
+    """name[var, 0] = sum of src[var, r] over r."""
+    acc = Local("acc", "float64")
+    return For(var, 0, rows, kind, block(Let(acc, Const(0.0, "float64")), For(r, 0, COLS, Kind.SERIAL, block(
+        Accumulate(acc, Load(src, (var, r), "float64")))), Store(name, (var, Const(0, INDEX_DTYPE)), acc)))
+
+
+def _scaled(name: str, src: str, by: Load, var: Var, kind: Kind = Kind.PARALLEL) -> For:
+    """name[var, j] = src[var, j] / by."""
+    return For(var, 0, ROWS, kind, block(For(j, 0, COLS, Kind.SERIAL, block(
+        Store(name, (var, j), Bin(Op.DIV, Load(src, (var, j), "float64"), by))))))
+
+
+def _s_at(v: Var) -> Load:
+    return Load("s", (v, Const(0, INDEX_DTYPE)), "float64")
+
+
+def test_nests_reading_the_same_row_join_one_loop():
+    comment = Source("# out = x / s")
+    fused = fuse_rows(block(_row_sum("s", "x", i), comment, _scaled("out", "x", _s_at(k), k)))
+    # one loop over i: the row's sum, the comment, then the row divided (k renamed to i)
+    assert fused == block(For(i, 0, ROWS, Kind.PARALLEL, block(
+        _row_sum("s", "x", i).body, comment, _scaled("out", "x", _s_at(i), i).body)))
+
+
+@pytest.mark.parametrize("later", [
+    _scaled("out", "x", Load("s", (_mirror(k), Const(0, INDEX_DTYPE)), "float64"), k),  # another row of s
+    _scaled("out", "x", Load("s", (Const(0, INDEX_DTYPE), Const(0, INDEX_DTYPE)), "float64"), k),      # row 0 of s
+    _scaled("out", "x", _s_at(k), k, Kind.SERIAL),  # a serial loop
+    _row_sum("out", "s", k, rows=ROWS // 2),                                   # other bounds
+], ids=["mirrored-row", "row-0", "serial", "other-bounds"])
+def test_nests_that_cannot_share_a_row_stay_apart(later):
+    nests = block(_row_sum("s", "x", i), later)
+    assert fuse_rows(nests) == nests
+
+
+def test_a_read_of_a_buffer_written_at_another_row_refuses():
+    """The earlier nest writes s at the mirrored row: the later one reads row i of s."""
+    earlier = For(i, 0, ROWS, Kind.PARALLEL, block(Store("s", (_mirror(i), Const(0, INDEX_DTYPE)), Load("x", (i, Const(0, INDEX_DTYPE)), "float64"))))
+    later = _scaled("out", "x", _s_at(k), k)
+    assert fuse_rows(block(earlier, later)) == block(earlier, later)
+
+
+def test_an_inner_loop_over_the_groups_variable_refuses_renaming():
+    later = For(k, 0, ROWS, Kind.PARALLEL, block(For(i, 0, COLS, Kind.SERIAL, block(
+        Store("out", (k, i), _s_at(k))))))
+    nests = block(_row_sum("s", "x", i), later)
+    assert fuse_rows(nests) == nests
+
+
+def test_a_statement_that_is_not_a_nest_ends_the_group():
+    text = Source("for q in range(4):", Block((Source("pass"),)))  # written as text: unknown reads
+    nests = block(_row_sum("s", "x", i), text, _scaled("out", "x", _s_at(i), i))
+    assert fuse_rows(nests) == nests
+
+
+# ---- kernels: fused and unfused give the same bits ----
+
+def _normalizations():
+    def layer_norm(x, g, b):
+        return ops.layer_norm(x, g, b, axis=-1)
+    return {
+        "softmax": (hd.func(lambda x: ops.softmax(x, axis=-1)), lambda x: torch.softmax(x, -1), 0),
+        "log_softmax": (hd.func(lambda x: ops.log_softmax(x, axis=-1)), lambda x: torch.log_softmax(x, -1), 0),
+        "layer_norm": (hd.func(layer_norm), lambda x, g, b: torch.nn.functional.layer_norm(x, x.shape[-1:], g, b), 2),
+        "l2_normalize": (hd.func(lambda x: ops.l2_normalize(x, axis=-1)),
+                         lambda x: torch.nn.functional.normalize(x, dim=-1), 0),
+    }
+
+
+OPS = _normalizations()
+
+
+def _inputs(op: str, shape, dtype, strided: bool):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((shape[0], 2 * shape[1]) if strided else shape).astype(dtype)
+    x = x[:, ::2] if strided else x
+    params = [rng.standard_normal(shape[1:]).astype(dtype) for _ in range(OPS[op][2])]
+    return (x, *params)
+
+
+def _fresh(fn):
+    """`fn` as a new function: traced and compiled under the settings of now (a function keeps
+    the kernels of its first call's)."""
+    return hd.func(lambda *args: fn(*args))
+
+
+def _run(fn, args, ct):
+    out, f_vjp = hd.vjp(_fresh(fn), *args)
+    return out, f_vjp(ct)
+
+
+CASES = [((13, 40), np.float32, False), ((13, 40), np.float64, False), ((1, 40), np.float32, False),
+         ((13, 1), np.float64, False), ((13, 40), np.float32, True)]
+
+
+@pytest.mark.parametrize("shape, dtype, strided", CASES,
+                         ids=["rows-f32", "rows-f64", "one-row-f32", "one-column-f64", "strided-f32"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_fused_kernels_give_the_unfused_bits(monkeypatch, op, shape, dtype, strided):
+    """Every nest with a parallel dimension outlined (the gradient's row groups form at these
+    small shapes), kernels not the interpreter's first calls."""
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    _check_fused(monkeypatch, op, shape, dtype, strided)
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+def test_fused_serial_kernels_give_the_unfused_bits(monkeypatch, op):
+    """At the default threshold these shapes run serially: the forward's serial nests fuse."""
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")
+    _check_fused(monkeypatch, op, (13, 40), np.float32, False)
+
+
+def _check_fused(monkeypatch, op: str, shape, dtype, strided: bool) -> None:
+    """The same bits with and without HALIDE_AD_SKIP=fuse_rows, and PyTorch's values."""
+    fn = OPS[op][0]
+    args = _inputs(op, shape, dtype, strided)
+    ct = np.random.default_rng(2).standard_normal(shape).astype(dtype)
+    out, grads = _run(fn, args, ct)
+    monkeypatch.setenv("HALIDE_AD_SKIP", "fuse_rows")
+    out_unfused, grads_unfused = _run(fn, args, ct)
+    assert out.tobytes() == out_unfused.tobytes()
+    for g, h in zip(grads, grads_unfused, strict=True):
+        assert g.tobytes() == h.tobytes()
+    torch_args = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in args]
+    OPS[op][1](*torch_args).backward(torch.tensor(ct.astype(np.float64)))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(out, OPS[op][1](*torch_args).detach().numpy(), rtol=tol, atol=tol)
+    for g, t in zip(grads, torch_args, strict=True):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm"])
+def test_every_stage_of_a_row_runs_in_one_parallel_loop(monkeypatch, op):
+    """With every nest parallel, softmax's forward (max, exp, sum, divide) and its gradient each
+    make one parallel pass over the 13 rows; so do layer norm's (its gain's and bias's column
+    sums run apart)."""
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    explained = hd.explain(_fresh(OPS[op][0]), *_inputs(op, (13, 40), np.float64, False))
+    for source in (explained.forward_source, explained.backward_source):
+        assert len(re.findall(r"parallel_for\(\w+, 0, 13,", source)) == 1, source
+
+
+# ---- the gradient's row groups, decided on the plans ----
+
+@hd.func
+def mirrored_rows(x):
+    """out[i, j] = x[i, j] * s[i], s[i] the sum of row R - 1 - i: adj_x reads adj_s at row R - 1 - i."""
+    rows, cols = x.shape
+    c = hd.rdom(cols)
+    s = hd.compute((rows, 1), lambda i, j: hd.sum(x[rows - 1 - i, c]), name="s")
+    return hd.compute(x.shape, lambda i, j: x[i, j] * s[i, 0], name="out")
+
+
+def _row_group(fn, x):
+    traced, _ = as_function(fn).trace((x,), {})
+    plans = plan_gradient(traced.program, ("x",))
+    computed = [p for p in plans if p.contributions and not p.inlined]
+    gathers = [[c for c in p.contributions if isinstance(c, Gather)] for p in computed]
+    splits = [interior(p.new_vars, p.adjoint.shape, gs) for p, gs in zip(computed, gathers, strict=True)]
+    terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
+    private = _private_adjoints(traced.program, plans, ("x",))
+    return [p.adjoint.buffer for p in computed], row_group(computed, splits, gathers, terms, 0, private)
+
+
+def test_softmax_gradient_is_one_row_group(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    names, group = _row_group(OPS["softmax"][0], np.ones((8, 16)))
+    assert names[group[0] - 1] == "x" and group == (len(names), 1), (names, group)
+
+
+def test_a_read_of_another_rows_adjoint_is_no_row_group(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    names, group = _row_group(mirrored_rows, np.ones((8, 16)))
+    assert len(names) >= 2 and group == (0, 0), (names, group)
+    x = np.random.default_rng(3).standard_normal((8, 16))
+    hd.check_grad(mirrored_rows, x)
+
+
+def test_serial_gradients_form_no_row_group():
+    names, group = _row_group(OPS["softmax"][0], np.ones((8, 16)))
+    assert group == (0, 0)
