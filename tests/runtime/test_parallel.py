@@ -182,7 +182,7 @@ def test_overlapping_products_restore_the_blas_thread_count():
     if not parallel._blas_libraries():
         pytest.skip("threadpoolctl finds no BLAS library")
     before = _blas_threads()
-    first, second = parallel._one_blas_thread(), parallel._one_blas_thread()
+    first, second = parallel._OneBlasThread(), parallel._OneBlasThread()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)
@@ -214,7 +214,7 @@ def test_a_thread_that_set_blas_threads_first_does_not_keep_the_calling_thread_f
     thread.start()
     try:
         entered.wait(10)
-        with parallel._one_blas_thread():
+        with parallel._OneBlasThread():
             assert _blas_threads() == [1] * len(before)
         assert _blas_threads() == before
     finally:
