@@ -147,7 +147,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     machine the hand-off waits for a time slice of another core. That product took 7-8 ms
     instead of 0.012 in some processes, and was most of the digits training step."""
     if out.size * a.shape[2] < SMALL_MATMUL:
-        with _OneBlasThread():
+        with one_blas_thread():
             np.matmul(a, b, out=out)
         return
     if len(out) <= 1 or numba.get_num_threads() <= 1:
@@ -157,7 +157,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     def images(lo: int, hi: int) -> None:
         np.matmul(a if len(a) == 1 else a[lo:hi], b if len(b) == 1 else b[lo:hi], out=out[lo:hi])
 
-    with _OneBlasThread():
+    with one_blas_thread():
         parallel_for(images, 0, len(out))
 
 
@@ -168,15 +168,15 @@ def each_image(body, count: int) -> None:
         for j in range(lo, hi):
             body(j)
 
-    with _OneBlasThread():
+    with one_blas_thread():
         parallel_for(images, 0, count)
 
 
-class _OneBlasThread:
+class one_blas_thread:
     """BLAS on the calling thread only, for the duration (threadpoolctl finds numpy's BLAS).
     Gradients running at once on several user threads share one setting: the first to enter
-    saves the counts, the last to leave restores them. (A class, not a generator: a small
-    contraction enters it once per product.)"""
+    saves the counts, the last to leave restores them. A kernel of small products holds it
+    around all of its steps (`execute.Kernel`), so that the products' own entries only count."""
 
     def __enter__(self) -> None:
         global _blas_users, _blas_before

@@ -8,6 +8,7 @@ import pytest
 import halide_ad as hd
 from halide_ad.ir import Bin, Const, Load, Op, Range, Select, Var, const
 from halide_ad.runtime.contract import contraction
+from halide_ad.runtime.engines import matmuls
 
 
 def _conv(x, w, b, pad):
@@ -40,9 +41,9 @@ def _torch_grads(x, w, b, ct, pad):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("fn, pad", [(padded_conv, 1), (wide_padded_conv, 2)])
-def test_a_zero_exterior_convolution_matches_torch_with_new_data(fn, pad, dtype):
+def test_a_zero_exterior_convolution_matches_torch_with_new_data(fn, pad, dtype, monkeypatch):
     """Two calls of one compiled program with different data, each against torch: the padded
-    copy is made per call, not kept from the first."""
+    copy is made per call, not kept from the first. The weight gradient is one BLAS product."""
     rng = np.random.default_rng(0)
     tol = 1e-4 if dtype == np.float32 else 1e-10
     for _ in range(2):
@@ -53,6 +54,11 @@ def test_a_zero_exterior_convolution_matches_torch_with_new_data(fn, pad, dtype)
         ours = vjp_fn(ct)
         for a, t in zip((out, *ours), (ty, gx, gw, gb), strict=True):
             np.testing.assert_allclose(a, t, rtol=tol, atol=tol)
+    products = []
+    real = matmuls.einsum_matmul
+    monkeypatch.setattr(matmuls, "einsum_matmul", lambda *args: products.append(args[4]) or real(*args))
+    vjp_fn(ct)
+    assert len(products) == 1, products  # every tap stacked: the operands are small (BlasPlan.SMALL_STACK)
     report = str(hd.explain(fn, x, w, b))
     (weights,) = [line for line in report.splitlines() if line.strip().startswith("[gather-window] adj_w[")]
     assert "[computed by BLAS]" in weights, report
