@@ -2,6 +2,8 @@
 gradient reads `select(in bounds, x[...], 0)`, which the BLAS engine computes on a zero-padded copy
 of x (`contract.Padding`); gradients against torch in float32 and float64, new data through the
 same compiled program, and non-contiguous inputs."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,28 @@ def test_only_an_exact_bounds_test_becomes_a_padded_read():
     assert [p.buffer for p in found.loads] == ["x", "w"] and dict(found.shapes)[padding.name] == (2, 16, 10)
     assert recognized(bounds(7)) is None
     assert recognized(Bin(Op.GE, at, const(0))) is None
+
+
+def test_two_threads_calling_at_once_get_their_own_gradients():
+    """Two threads run the same compiled gradient (padded copies per call, BLAS held on one
+    thread by each kernel) on different data at once; each gets what a lone call gives."""
+    rng = np.random.default_rng(2)
+    w, b = rng.standard_normal((16, 2, 3, 3)), rng.standard_normal(16)
+    xs = [rng.standard_normal((4, 2, 8, 7)) for _ in range(2)]
+    out, _ = hd.vjp(padded_conv, xs[0], w, b)
+    ct = rng.standard_normal(out.shape)
+    alone = [hd.vjp(padded_conv, x, w, b)[1](ct) for x in xs]
+    results: list = [None, None]
+
+    def run(k):
+        for _ in range(20):
+            results[k] = hd.vjp(padded_conv, xs[k], w, b)[1](ct)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got, expected in zip(results, alone, strict=True):
+        for a, e in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, e)
