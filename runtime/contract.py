@@ -20,6 +20,7 @@ from halide_ad.traverse import rewrite
 
 MAX_TAPS = 64
 MIN_CONTRACTED = 16  # below this many summed points a fused loop nest is as good
+MIN_PADDED_WORK = 1 << 15  # multiply-adds below which a padded operand's copies cost more than BLAS saves
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,8 @@ def contraction(out: str, out_index: tuple[Expr, ...], value: Expr, domain: tupl
     tap_ranges = tuple(ranges[v] for v in sorted(taps, key=lambda v: list(ranges).index(v)))
     summed = math.prod(ranges[v].extent for v in used - out_vars - taps)
     if math.prod(t.extent for t in tap_ranges) > MAX_TAPS or summed < MIN_CONTRACTED or (b is None and taps):
+        return None
+    if padded and math.prod(r.extent for r in domain) < MIN_PADDED_WORK:
         return None
     sources = {p.source.buffer for p in padded.values()}
     return Contraction(out, out_index, a, b, scale, domain, tap_ranges,

@@ -83,17 +83,18 @@ def test_non_contiguous_inputs_give_the_same_gradients():
 def test_only_an_exact_bounds_test_becomes_a_padded_read():
     """select(0 <= i + r - 1 < 8, x[n, c, i + r - 1], 0) * w[c, r] is a contraction over a copy
     of x padded by one on each side of its last axis; a test that is not x's bounds (< 7), or
-    misses a side that the ranges reach, leaves the select to the loop nest."""
+    misses a side that the ranges reach, leaves the select to the loop nest, and so does a
+    contraction of too little work to pay for the copies (MIN_PADDED_WORK)."""
     n, c, i, r = Var("n"), Var("c"), Var("i"), Var("r")
-    domain = (Range(n, 0, 2), Range(i, 0, 8), Range(c, 0, 16), Range(r, 0, 3))
     at = Bin(Op.SUB, Bin(Op.ADD, i, r), const(1))
     x, w = Load("x", (n, c, at), "float64"), Load("w", (c, r), "float64")
-    shapes = {"x": (2, 16, 8), "w": (16, 3), "y": (2, 8)}
 
     def bounds(hi):
         return Bin(Op.AND, Bin(Op.GE, at, const(0)), Bin(Op.LT, at, const(hi)))
 
-    def recognized(cond):
+    def recognized(cond, images=128):
+        domain = (Range(n, 0, images), Range(i, 0, 8), Range(c, 0, 16), Range(r, 0, 3))
+        shapes = {"x": (images, 16, 8), "w": (16, 3), "y": (images, 8)}
         value = Bin(Op.MUL, Select(cond, x, Const(0.0, "float64")), w)
         return contraction("y", (n, i), value, domain, None, shapes)
 
@@ -101,9 +102,10 @@ def test_only_an_exact_bounds_test_becomes_a_padded_read():
     assert found is not None
     (padding,) = found.padded
     assert padding.pads == ((0, 0), (0, 0), (1, 1)) and padding.source == x
-    assert [p.buffer for p in found.loads] == ["x", "w"] and dict(found.shapes)[padding.name] == (2, 16, 10)
+    assert [p.buffer for p in found.loads] == ["x", "w"] and dict(found.shapes)[padding.name] == (128, 16, 10)
     assert recognized(bounds(7)) is None
     assert recognized(Bin(Op.GE, at, const(0))) is None
+    assert recognized(bounds(8), images=2) is None
 
 
 def test_two_threads_calling_at_once_get_their_own_gradients():
