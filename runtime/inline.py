@@ -182,7 +182,8 @@ def _reading(c, old: str, new: str):
     inverse = replace(inverse, scatter=replace(inverse.scatter, value=rename(inverse.scatter.value)))
     shapes = tuple(dict((new if n == old else n, shape) for n, shape in c.shapes).items())
     return with_engine(replace(c, a=rename(c.a), b=None if c.b is None else rename(c.b), shapes=shapes,
-                               inverse=inverse, formula=formula(c.out, c.out_index, inverse.scatter.value)))
+                               inverse=inverse, formula=formula(c.out, c.out_index, inverse.scatter.value),
+                               padded=tuple(replace(p, source=rename(p.source)) for p in c.padded)))
 
 
 def _cheap_per_tap(e: Expr) -> bool:

@@ -18,7 +18,6 @@ slower, unvectorized; the error checks of Python's division cost the bilinear gr
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import os
@@ -155,7 +154,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     machine the hand-off waits for a time slice of another core. That product took 7-8 ms
     instead of 0.012 in some processes, and was most of the digits training step."""
     if out.size * a.shape[2] < SMALL_MATMUL:
-        with _one_blas_thread():
+        with one_blas_thread():
             np.matmul(a, b, out=out)
         return
     if len(out) <= 1 or numba.get_num_threads() <= 1:
@@ -165,7 +164,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     def images(lo: int, hi: int) -> None:
         np.matmul(a if len(a) == 1 else a[lo:hi], b if len(b) == 1 else b[lo:hi], out=out[lo:hi])
 
-    with _one_blas_thread():
+    with one_blas_thread():
         parallel_for(images, 0, len(out))
 
 
@@ -176,25 +175,27 @@ def each_image(body, count: int) -> None:
         for j in range(lo, hi):
             body(j)
 
-    with _one_blas_thread():
+    with one_blas_thread():
         parallel_for(images, 0, count)
 
 
-@contextlib.contextmanager
-def _one_blas_thread():
+class one_blas_thread:
     """BLAS on the calling thread only, for the duration (threadpoolctl finds numpy's BLAS).
     Gradients running at once on several user threads share one setting: the first to enter
-    saves the counts, the last to leave restores them."""
-    global _blas_users, _blas_before
-    with _blas_lock:
-        if _blas_users == 0:
-            _blas_before = [get() for get, _ in _blas_libraries()]
-            for _, set_ in _blas_libraries():
-                set_(1)
-        _blas_users += 1
-    try:
-        yield
-    finally:
+    saves the counts, the last to leave restores them. A kernel of small products holds it
+    around all of its steps (`execute.Kernel`), so that the products' own entries only count."""
+
+    def __enter__(self) -> None:
+        global _blas_users, _blas_before
+        with _blas_lock:
+            if _blas_users == 0:
+                _blas_before = [get() for get, _ in _blas_libraries()]
+                for _, set_ in _blas_libraries():
+                    set_(1)
+            _blas_users += 1
+
+    def __exit__(self, *exc) -> None:
+        global _blas_users
         with _blas_lock:
             _blas_users -= 1
             if _blas_users == 0:
@@ -214,10 +215,21 @@ def _blas_libraries() -> list[tuple]:
     and does nothing for any other: a tiered program's first gradient runs on the background
     compile thread (halide_ad/tiered.py), which then held that right, and the calling thread's
     small products ran on BLAS's threads after all (7-8 ms for 0.012). The count is the whole
-    process's either way; `_blas_users` keeps our own threads from fighting over it."""
+    process's either way; `_blas_users` keeps our own threads from fighting over it. OpenBLAS's
+    own functions on pthreads are resolved once: threadpoolctl looks them up by name on every
+    call, 3-6 us of each small product's switch."""
     libraries = threadpoolctl.ThreadpoolController().lib_controllers
-    return [(lib.get_num_threads, getattr(lib, "_real_set_num_threads", lib.set_num_threads))
-            for lib in libraries if lib.user_api == "blas"]
+    out = []
+    for lib in libraries:
+        if lib.user_api != "blas":
+            continue
+        get, set_ = lib.get_num_threads, getattr(lib, "_real_set_num_threads", lib.set_num_threads)
+        if lib.internal_api == "openblas" and getattr(lib, "threading_layer", None) == "pthreads":
+            symbol = getattr(lib, "_get_symbol", lambda name: None)
+            get = symbol("openblas_get_num_threads") or get
+            set_ = symbol("openblas_set_num_threads") or set_
+        out.append((get, set_))
+    return out
 
 
 def _each(iteration, lo: int, hi: int, *args) -> None:

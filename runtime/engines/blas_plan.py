@@ -12,7 +12,7 @@ import numpy as np
 
 from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.engines import matmuls
-from halide_ad.runtime.parallel import by_rows, copy_all
+from halide_ad.runtime.parallel import PARALLEL_COPY_BYTES, by_rows, copy_all
 
 
 class Lazy:
@@ -163,10 +163,11 @@ def add_products(window: np.ndarray, products: list[np.ndarray], scale: float, o
         for p in ps:
             write_product(w, p, scale, False)
 
-    if window.ndim == 0:
+    nbytes = window.nbytes * (len(products) + 1)
+    if window.ndim == 0 or nbytes < PARALLEL_COPY_BYTES:  # (by_rows's test, without its closures)
         add(...)
     else:
-        by_rows(lambda lo, hi: add(slice(lo, hi)), len(window), window.nbytes * (len(products) + 1))
+        by_rows(lambda lo, hi: add(slice(lo, hi)), len(window), nbytes)
 
 
 def write_product(window: np.ndarray, product: np.ndarray, scale: float, overwrite: bool) -> None:

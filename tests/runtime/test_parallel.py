@@ -14,6 +14,7 @@ from halide_ad.runtime import parallel
 from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, COARSE, _noalias, copy_all, kernel, matmul, parallel_for
 
 import halide_ad as hd
+from halide_ad import ops
 from halide_ad.api import as_function
 
 
@@ -182,7 +183,7 @@ def test_overlapping_products_restore_the_blas_thread_count():
     if not parallel._blas_libraries():
         pytest.skip("threadpoolctl finds no BLAS library")
     before = _blas_threads()
-    first, second = parallel._one_blas_thread(), parallel._one_blas_thread()
+    first, second = parallel.one_blas_thread(), parallel.one_blas_thread()
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)
@@ -214,7 +215,7 @@ def test_a_thread_that_set_blas_threads_first_does_not_keep_the_calling_thread_f
     thread.start()
     try:
         entered.wait(10)
-        with parallel._one_blas_thread():
+        with parallel.one_blas_thread():
             assert _blas_threads() == [1] * len(before)
         assert _blas_threads() == before
     finally:
@@ -282,3 +283,29 @@ def test_branchless_picks_as_a_conditional_does():
     assert pick(False, np.float32(1.5), np.float32(2.5)) == np.float32(2.5)
     assert pick(False, 1, 2.5) == 2.5 and pick(True, 1, 2.5) == 1.0  # int and float unify
     assert np.isnan(pick(True, np.nan, 0.0)) and pick(False, np.nan, 0.0) == 0.0
+
+
+@hd.func
+def two_dense_layers(x, w1, w2):
+    return ops.dense(ops.relu(ops.dense(x, w1)), w2)
+
+
+def test_a_kernel_of_small_products_holds_blas_on_one_thread_once(monkeypatch):
+    """A gradient of small BLAS products (two dense layers': three products) holds BLAS on the
+    calling thread once for the whole kernel, not once per product, and gets numpy's values."""
+    if not parallel._blas_libraries():
+        pytest.skip("threadpoolctl finds no BLAS library")
+    rng = np.random.default_rng(2)
+    x, w1, w2 = rng.standard_normal((8, 32)), rng.standard_normal((16, 32)), rng.standard_normal((4, 16))
+    out, vjp_fn = hd.vjp(two_dense_layers, x, w1, w2)
+    ct = rng.standard_normal(out.shape)
+    vjp_fn(ct)  # compiled
+    switches = []
+    libraries = [(get, lambda n, set_=set_: switches.append(n) or set_(n)) for get, set_ in parallel._blas_libraries()]
+    monkeypatch.setattr(parallel, "_blas_libraries", lambda: libraries)
+    gx, gw1, gw2 = vjp_fn(ct)
+    assert switches[:len(libraries)] == [1] * len(libraries) and len(switches) == 2 * len(libraries), switches
+    h = np.maximum(x @ w1.T, 0)
+    np.testing.assert_allclose(gw2, ct.T @ h, rtol=1e-10)
+    np.testing.assert_allclose(gw1, ((ct @ w2) * (h > 0)).T @ x, rtol=1e-10)
+    np.testing.assert_allclose(gx, ((ct @ w2) * (h > 0)) @ w1, rtol=1e-10)
