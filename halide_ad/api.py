@@ -1,12 +1,11 @@
 """`@hd.func`: a traced, compiled function. Each signature of shapes and dtypes is traced once into a
 `Traced`, which holds its program and compiles its kernels; a call finds it by one dict lookup.
-The gradient transformations built on it are in halide_ad/transforms.py."""
+Its arguments are classified, and a call's dispatch key read, in halide_ad/arguments.py; the
+gradient transformations built on it are in halide_ad/transforms.py."""
 from __future__ import annotations
 
 import functools
 import inspect
-import numbers
-import re
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -15,84 +14,16 @@ import numpy as np
 
 from halide_ad import capture, config, ir, tiered
 from halide_ad.ad import without_unused_argindex
+from halide_ad.arguments import call_key, classify, static_used_as_array
 from halide_ad.segments import Segmented
 from halide_ad.compiler import compile_forward, compile_gradient
-from halide_ad.errors import DTypeError, ShapeError, SourceLoc, TraceError, user_loc
+from halide_ad.errors import ShapeError, TraceError, user_loc
 from halide_ad.runtime.execute import BackwardRun, ForwardRun, Kernel
 from halide_ad.runtime.plans import AdjointPlan
-from halide_ad.tensor import BoundaryView, Tensor, compute
+from halide_ad.tensor import Tensor, compute
 from halide_ad.trace import TraceState, current, tracing
 from halide_ad.traverse import walk
 from halide_ad.trees import flatten
-
-_STATIC_TYPES = (numbers.Number, str, bytes, type(None), np.dtype, type)
-
-
-# ---- arguments ----------------------------------------------------------------------------------
-
-def _is_static(value) -> bool:
-    """Python numbers, strings, dtypes, None, and (nested) tuples of them: hashable options."""
-    return isinstance(value, _STATIC_TYPES) or (isinstance(value, tuple) and all(_is_static(v) for v in value))
-
-
-def _classify(name: str, value):
-    """('array', ndarray) for arrays, ('static', value) for the rest, or a clear error."""
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind not in "fiub" or value.dtype.name in ("float16", "longdouble", "float128"):
-            raise DTypeError(f"argument {name!r} has dtype {value.dtype}; halide_ad takes float32 "
-                             "and float64 arrays (differentiable) and integer or bool arrays (data)")
-        if value.size == 0:
-            raise ShapeError(f"argument {name!r} has shape {value.shape}, with no elements; every "
-                             "dimension must be at least 1")
-        if not value.dtype.isnative:  # numba compiles native byte order only
-            value = value.astype(value.dtype.newbyteorder("="))
-        return "array", np.asarray(value, order="C")  # np.ascontiguousarray would make 0-d arrays 1-d
-    if isinstance(value, (Tensor, BoundaryView)):
-        return "tensor", value
-    if isinstance(value, (np.number, np.bool_)):  # a numpy scalar is a static option, as a Python number
-        return "static", value.item()
-    if _is_static(value):
-        return "static", value
-    if isinstance(value, list) and _is_static(tuple(value)):  # a list option, kept hashable
-        return "static", tuple(value)
-    raise TraceError(f"argument {name!r} is a {type(value).__name__}; pass numpy arrays for data "
-                     "and ints, floats, strings or tuples of them for static options "
-                     "(convert with np.asarray)")
-
-
-_PLAIN_STATIC_TYPES = frozenset({int, float, bool, str, type(None)})
-
-
-def _plain_static(value) -> bool:
-    """A number, string or None, or a (nested) tuple of them: a static option that is its own
-    dispatch key (hashable, compared by value, passed on unchanged by `_classify`)."""
-    t = type(value)
-    return t in _PLAIN_STATIC_TYPES or (t is tuple and all(_plain_static(v) for v in value))
-
-
-def _call_key(args: tuple, kwargs: dict) -> tuple | None:
-    """What fixes a call's Traced, read cheaply from the arguments: each array's shape and dtype,
-    each static option's type and value, and the keywords' names. Equal keys mean equal
-    signatures in `Function.trace` (which classifies every argument first). None for any other
-    argument (a numpy scalar, a list, an array subclass, ...): such calls classify each time."""
-    key = []
-    for a in args:
-        t = type(a)
-        if t is np.ndarray:
-            key += (a.shape, a.dtype)
-        elif _plain_static(a):
-            key += (t, a)
-        else:
-            return None
-    for name, a in kwargs.items():
-        t = type(a)
-        if t is np.ndarray:
-            key += (name, a.shape, a.dtype)
-        elif _plain_static(a):
-            key += (name, t, a)
-        else:
-            return None
-    return tuple(key)
 
 
 class _Call:
@@ -106,7 +37,7 @@ class _Call:
         self.keywords = keywords
 
     def arrays(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
-        """The arrays by buffer name, C-contiguous, as `_classify` passes them on."""
+        """The arrays by buffer name, C-contiguous, as `classify` passes them on."""
         arrays = {name: np.asarray(args[k], order="C") for k, name in self.positions}
         for name in self.keywords:
             arrays[name] = np.asarray(kwargs[name], order="C")
@@ -275,7 +206,7 @@ class Function:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self._traces: dict = {}
-        self._calls: dict = {}  # _call_key -> _Call: the signatures a call finds without classifying
+        self._calls: dict = {}  # call_key -> _Call: the signatures a call finds without classifying
         self._bound: set = set()  # (positional count, keyword names) that bind to the signature
         self._lock = threading.Lock()
         try:
@@ -324,8 +255,8 @@ class Function:
 
     def trace(self, args: tuple, kwargs: dict) -> tuple[Traced, dict[str, np.ndarray]]:
         """(the Traced of this call's signature, traced on its first call; the arrays by buffer
-        name). A signature called before is found by `_call_key` without classifying anything."""
-        key = _call_key(args, kwargs)
+        name). A signature called before is found by `call_key` without classifying anything."""
+        key = call_key(args, kwargs)
         call = None if key is None else self._calls.get(key)  # (a dict read needs no lock)
         if call is not None:
             if not call.traced.captured:
@@ -335,8 +266,8 @@ class Function:
                 return call.traced, call.arrays(args, kwargs) | captured
         self._check_arguments(args, kwargs)
         names = self._param_names(len(args))
-        classified = [_classify(n, a) for n, a in zip(names, args, strict=True)]
-        kw = {k: _classify(k, v) for k, v in sorted(kwargs.items())}
+        classified = [classify(n, a) for n, a in zip(names, args, strict=True)]
+        kw = {k: classify(k, v) for k, v in sorted(kwargs.items())}
         for kind, v in classified + list(kw.values()):
             if kind == "tensor":
                 raise TraceError(f"{self!r} got a symbolic tensor outside a trace")
@@ -380,7 +311,7 @@ class Function:
             except (AttributeError, TypeError) as e:  # e.g. x.shape or x[i] where x is None or 3.0
                 statics = {n: v for n, (k, v) in list(zip(names, classified)) + list(kw.items())
                            if k == "static"}
-                error = _static_used_as_array(e, statics, getattr(self.fn, "__name__", "fn"))
+                error = static_used_as_array(e, statics, getattr(self.fn, "__name__", "fn"))
                 if error is None:
                     raise
                 raise error from e
@@ -422,38 +353,6 @@ def _shared(traced: Traced) -> Traced:
                 _by_program.pop(next(iter(_by_program)))
             found = _by_program[key] = traced
     return found
-
-
-_ARRAY_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "size", "T", "sum", "mean", "max", "min",
-                               "prod", "reshape", "transpose"})
-
-
-def _static_used_as_array(e: Exception, statics: dict, fn_name: str) -> TraceError | None:
-    """A TraceError when `e` comes from a static argument (a number, a string, None) used as an
-    array: an array attribute (`x.shape`) or indexing (`x[i]`)."""
-    tb = e.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    if isinstance(e, AttributeError):
-        if getattr(e, "name", None) not in _ARRAY_ATTRIBUTES:
-            return None
-        matches = [(n, v) for n, v in statics.items() if e.obj is v]
-        use = f"{{name}}.{e.name}"
-    else:  # the failing line's frame holds the very object that was subscripted
-        subscripted = re.fullmatch(r"'(\w+)' object is not subscriptable", str(e))
-        if subscripted is None:
-            return None
-        local_ids = {id(v) for v in tb.tb_frame.f_locals.values()}
-        matches = [(n, v) for n, v in statics.items()
-                   if type(v).__name__ == subscripted[1] and id(v) in local_ids]
-        use = "{name}[...]"
-    if not matches:
-        return None
-    name, value = matches[0]
-    loc = SourceLoc(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name)
-    return TraceError(f"argument {name!r} of {fn_name} is {type(value).__name__} {value!r}, but "
-                      f"{fn_name} uses it as an array ({use.format(name=name)}): pass a numpy array "
-                      "(ints, floats, strings and None are static options, not data)", loc)
 
 
 def _copy(t: Tensor) -> Tensor:

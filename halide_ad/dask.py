@@ -20,7 +20,8 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from halide_ad import ir
-from halide_ad.api import as_function, _classify, Function
+from halide_ad.api import as_function, Function
+from halide_ad.arguments import classify
 from halide_ad.trees import leaves_like
 from halide_ad.blocks import Block, add, backward_task, forward_task, nested_getitem
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
@@ -115,11 +116,11 @@ class _Call:
         classified = []
         for n, a in zip(names, args, strict=True):
             if n in dasks:
-                _classify(n, np.empty((1,) * a.ndim, a.dtype))  # the dtype checks, on a stand-in
+                classify(n, np.empty((1,) * a.ndim, a.dtype))  # the dtype checks, on a stand-in
                 classified.append(("array", _Abstract(a.shape, a.dtype)))
             else:
-                classified.append(_classify(n, a))
-        kw = {k: _classify(k, v) for k, v in sorted(kwargs.items())}
+                classified.append(classify(n, a))
+        kw = {k: classify(k, v) for k, v in sorted(kwargs.items())}
         self.traced, captured = f._trace(names, classified, kw)
         if captured:  # a task would need them too: they are arguments like any weight
             raise TraceError(f"{self.name} reads numpy array(s) {sorted(captured)} from a closure or a "
