@@ -1,11 +1,13 @@
 """Compute where read, instead of storing and reading back: a Func in its reader (forward fusion,
 `inline_stages`), and an intermediate adjoint in the adjoints that read it (`inline_adjoints`).
-
-Forward fusion: a Func computed where its one reader reads it, instead of stored and read back.
+Both ask one cost model, `worth_recomputing`, whether an expression is worth computing at each of
+its reads instead of once into a buffer.
 
 Every Func is a loop nest and a buffer: `hd.sum(...) / 9` is a sum written out, then read again
 to divide it; `ops.sum(x * x)` writes the squares before it sums them; a pooling of a relu
-writes the relu. Each such pass over memory costs as much as the computation around it.
+writes the relu. Each such pass over memory costs as much as the computation around it. The
+adjoints repeat the pattern: the `adj_sum[j] = adj_avg[j] / 9` of an average, the
+`adj_y[j] * (x[j] > 0)` of a relu.
 
 A Func is inlined into its reader when nothing else needs it stored: it is not an output, it is
 not among the buffers the driver names as `needed` (for the forward a gradient runs after,
@@ -13,9 +15,8 @@ not among the buffers the driver names as `needed` (for the forward a gradient r
 input, a superset of what any gradient kernel reads; for a plain call's forward, none), and it is
 not a max or min (their gradients read the stored argmax). It has one reader, and:
 
-* a pointwise Func is inlined where the reader evaluates each of its points once on average (a
-  relu under a 2x2/2 pooling window, the squares under a sum), or up to MAX_RECOMPUTED times when
-  it is cheap (a relu under a 3x3 blur); an exp under a 5x5 window stays stored;
+* a pointwise Func is inlined when the cost model agrees (a relu under a 2x2/2 pooling window or a
+  3x3 blur, the squares under a sum; not an exp under a 5x5 window);
 * a sum or product is inlined into a pointwise reader that reads it once, at its own point (the
   division of a box filter's sum).
 
@@ -30,17 +31,65 @@ from collections.abc import Callable
 import functools
 from dataclasses import replace
 
-from halide_ad.ir import Bin, Call, Expr, Func, Load, Op, Program, Reduce, Select, adjoint_name, const, dtype_of
+from halide_ad.ir import Bin, Call, Const, Expr, Func, Load, Op, Program, Reduce, Select, adjoint_name, const, dtype_of
 from halide_ad.runtime.contract import Contraction, formula
 from halide_ad.runtime.plans import AdjointPlan, map_values, reads, values
 from halide_ad.runtime.route import with_engine
 from halide_ad.solver import Fallback, Gather
 from halide_ad.solver.bounds import checked_at_run_time
-from halide_ad.traverse import children, larger_than, loads, rewrite, simplify, substitute, walk
+from halide_ad.traverse import children, loads, rewrite, simplify, substitute, walk
 
-MAX_RECOMPUTED = 9  # evaluations of each point of a cheap pointwise Func, inlined
-CHEAP_NODES = 16  # a pointwise Func this small (and free of math functions) is cheap to recompute
+# ---- the cost model ---------------------------------------------------------------------------
+
+MAX_NODES = 200  # inlined into one another, a reshape's div/mod indices multiply in size
+MAX_WORK = 64  # operations per stored point, recomputed: the cost of a pass over memory
+MAX_LOADS = 2  # recomputed, a value's loads repeat too: each tap of a window would load them all
 _CHEAP_CALLS = ("neg", "not", "abs", "stop_gradient")
+DIVISION = 4  # a float division costs about four multiplications (throughput, vectorized)
+INDEX_DIVISION = 2  # an integer // or % by a constant: a multiplication and a shift, and a sign fix
+
+
+def worth_recomputing(value: Expr, times: float) -> bool:
+    """Whether to compute `value` at each of its reads instead of storing it once and reading it
+    back, when its reads evaluate each of its points `times` times on average.
+
+    Storing costs a pass over memory: a write, and a read per use. Evaluated at most once per
+    point, recomputing always wins, unless the expression is so large that the reader's compile
+    time grows (MAX_NODES). Evaluated more often, it wins while the arithmetic redone, `times` x
+    the value's operations (its indices' included), stays under MAX_WORK, the value loads few
+    buffers, and it has no math function, power or integer division by a variable (tens of cycles
+    each, not vectorized). A relu under a 3x3 window: 9; an average's `adj * (1/25)` under its
+    5x5 window: 25, recomputed (stored, that gradient ran about 1.5x slower); a zero or reflect
+    padding under a 3x3 convolution (a test and an index fold per tap): over 64, stored; an exp
+    under any window: stored."""
+    if len(list(walk(value))) > MAX_NODES:
+        return False
+    if times <= 1:
+        return True
+    work = _work(value)
+    return (work is not None and times * max(1, work) <= MAX_WORK
+            and sum(1 for n in walk(value) if isinstance(n, Load)) <= MAX_LOADS)
+
+
+def _work(e: Expr) -> int | None:
+    """The operations that evaluating `e` takes, None if one of them is costly."""
+    if isinstance(e, Bin) and e.op in (Op.FLOORDIV, Op.MOD):
+        if not isinstance(e.rhs, Const):
+            return None
+        total = INDEX_DIVISION
+    elif (isinstance(e, Bin) and e.op is Op.POW) or (isinstance(e, Call) and e.fn not in _CHEAP_CALLS):
+        return None
+    else:
+        total = DIVISION if isinstance(e, Bin) and e.op is Op.DIV else int(isinstance(e, (Bin, Call, Select)))
+    for c in children(e):
+        work = _work(c)
+        if work is None:
+            return None
+        total += work
+    return total
+
+
+# ---- Funcs -----------------------------------------------------------------------------------
 
 
 def inline_stages(program: Program, is_contraction: Callable[[Func], bool],
@@ -82,9 +131,9 @@ def _inlinable(f: Func, reader: Func) -> bool:
             return False
         inside_reductions = [n for r in _reductions(reader.body) for n in _loads_of(r, f.name)]
         return (len(reads) == 1 and not inside_reductions and f.shape == reader.shape
-                and reads[0].index == reader.vars)
+                and reads[0].index == reader.vars and worth_recomputing(f.body, 1))
     times = math.prod(reader.shape) * _evaluations(reader.body, f.name) / max(1, math.prod(f.shape))
-    return times <= 1 or (times <= MAX_RECOMPUTED and _cheap(f.body))
+    return worth_recomputing(f.body, times)
 
 
 def _evaluations(e: Expr, name: str) -> int:
@@ -95,12 +144,6 @@ def _evaluations(e: Expr, name: str) -> int:
         return 1
     inside = sum(_evaluations(c, name) for c in children(e))
     return inside * math.prod(rv.hi - rv.lo for rv in e.rvars) if isinstance(e, Reduce) else inside
-
-
-def _cheap(e: Expr) -> bool:
-    nodes = list(walk(e))
-    return len(nodes) <= CHEAP_NODES and not any(
-        isinstance(n, Call) and n.fn not in _CHEAP_CALLS for n in nodes)
 
 
 def _inlined(body: Expr, f: Func) -> Expr:
@@ -115,10 +158,6 @@ def _inlined(body: Expr, f: Func) -> Expr:
 
 
 # ---- adjoints --------------------------------------------------------------------------------
-
-MAX_INLINED_LOADS = 2  # per tap of a window that reads an inlined adjoint
-MAX_INLINED_NODES = 200  # a reshape's div/mod index: inlined into the next one, the sizes multiply
-
 
 def inline_adjoints(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[AdjointPlan]:
     """Don't store an intermediate adjoint that is one cheap expression per element (the
@@ -140,13 +179,11 @@ def inline_adjoints(plans: list[AdjointPlan], wrt: tuple[str, ...]) -> list[Adjo
             out[k + 1:] = [replace(p, contributions=tuple(_reading(c, name, value.buffer)
                                                           for c in p.contributions)) for p in later]
             continue
-        if value is None or blas_reads or larger_than([value], MAX_INLINED_NODES):
+        if value is None or blas_reads:
             continue
-
         readers = [c for p in later for c in p.contributions if any(reads(v, name) for v in values(c))]
-        windows = any(isinstance(c, Fallback) or any(piece.loops for piece in c.pieces) for c in readers)
-        if windows and not (_cheap_per_tap(value) and sum(isinstance(n, Load) for n in walk(value)) <= MAX_INLINED_LOADS):
-            continue  # a window would recompute it once per tap: store it once instead
+        if not worth_recomputing(value, _adjoint_evaluations(readers, name, plan.adjoint.shape)):
+            continue
 
         def inline(e, plan=plan, value=value, name=name):
             def rule(n):
@@ -186,10 +223,16 @@ def _reading(c, old: str, new: str):
                                padded=tuple(replace(p, source=rename(p.source)) for p in c.padded)))
 
 
-def _cheap_per_tap(e: Expr) -> bool:
-    """No division, power or transcendental function: a few cycles to recompute per tap."""
-    return not any((isinstance(n, Bin) and n.op in (Op.DIV, Op.POW, Op.FLOORDIV, Op.MOD))
-                   or (isinstance(n, Call) and n.fn not in ("neg", "not", "abs")) for n in walk(e))
+def _adjoint_evaluations(readers: list[Gather | Fallback], name: str, shape: tuple[int, ...]) -> float:
+    """How many times the readers evaluate each point of adjoint `name` on average: each reader's
+    scatter evaluates its value once per point of its domain (a window's gather, once per tap)."""
+    total = 0
+    for c in readers:
+        extents = [r.extent for r in c.scatter.domain]
+        if not all(isinstance(n, int) for n in extents):
+            return math.inf
+        total += math.prod(extents) * len(_loads_of(c.scatter.value, name))
+    return total / max(1, math.prod(shape))
 
 
 def _pointwise_value(plan: AdjointPlan, wrt) -> Expr | None:

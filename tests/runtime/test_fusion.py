@@ -177,3 +177,25 @@ def test_a_window_recomputes_only_cheap_funcs(rng):
         want = sum(inner[r:r + 6, s:s + 7] for r in range(3) for s in range(3))
         np.testing.assert_allclose(out, want, rtol=1e-13)
     hd.check_grad(lambda x: windows(x)[0] + windows(x)[1], x + 0.01)  # (no kink of the max at 0)
+
+
+def test_one_cost_model_counts_a_windows_taps_on_both_sides(rng):
+    """A value recomputed at each of a window's taps is weighed by taps x operations, forward and
+    backward alike: a relu (one operation) under a 5x5 window is recomputed, and so is the
+    average's adjoint `adj * (1/25)` under the gradient's 5x5 window."""
+    @hd.func
+    def blur5_relu(x):
+        r, s = hd.rdom(5, 5)
+        clipped = hd.compute(x.shape, lambda i, j: hd.maximum(x[i, j], 0.0), name="clipped")
+        shape = (x.shape[0] - 4, x.shape[1] - 4)
+        return hd.compute(shape, lambda i, j: hd.sum(clipped[i + r, j + s]) / 25, name="blurred")
+
+    x = rng.standard_normal((24, 24))
+    assert "clipped" not in _stored(blur5_relu, x)
+    traced, _ = as_function(blur5_relu).trace((x,), {})
+    plans = compiler.plan_gradient(traced.program, ("x",))
+    assert [p.adjoint.buffer for p in plans if p.inlined] == ["blurred_sum"]
+    clipped = np.maximum(x, 0)
+    want = sum(clipped[r:r + 20, s:s + 20] for r in range(5) for s in range(5)) / 25
+    np.testing.assert_allclose(blur5_relu(x), want, rtol=1e-13)
+    hd.check_grad(blur5_relu, x + 0.01)
