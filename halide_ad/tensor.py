@@ -200,6 +200,18 @@ class BoundaryView(TensorLike):
         nodes = tuple(remap(e, n) for e, n in zip(nodes, self.shape, strict=True))
         return Expr(ir.Load(self.tensor.name, nodes, self.tensor.buffer.dtype, user_loc()))
 
+    def _unindexed(self, other=None):
+        if is_tensorlike(other):
+            return NotImplemented  # a whole tensor's operator reads the view at each of its points
+        raise TraceError(f"{self!r} is a boundary view, which only indexing reads: write {self!r}[i, ...] inside "
+                         f"hd.compute, or use the tensor {self.tensor.name} itself in whole-array arithmetic",
+                         user_loc())
+
+    # a view with an element or a number (`c + x[i]`, `c * 2`) is a mistake for an indexed read
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _unindexed
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _unindexed
+    __pow__ = __rpow__ = __neg__ = _unindexed
+
 
 def repeat_edge(t: Tensor) -> BoundaryView:
     """A view of `t` that any integer index may read: out-of-range indices clamp to the edge."""

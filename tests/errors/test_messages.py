@@ -54,6 +54,18 @@ def test_conv_whose_channel_counts_disagree_is_a_shape_error_not_a_read_out_of_b
     assert "programs.py" in str(e.value)  # the user's line
 
 
+def test_arithmetic_on_an_unindexed_boundary_view_names_the_view_and_the_fix():
+    # `c + x[i]` forgets c's index; it used to escape as Python's TypeError
+    for body in (lambda x, c: lambda i: x[i] + c, lambda x, c: lambda i: 2 * c, lambda x, c: lambda i: -c):
+        f = hd.func(lambda x, body=body: hd.compute(x.shape, body(x, hd.repeat_edge(x))))
+        with pytest.raises(hd.TraceError, match=r"hd.repeat_edge\(x\) is a boundary view, which only indexing "
+                                                r"reads: write hd.repeat_edge\(x\)\[i, \.\.\.\]"):
+            f(np.ones(4))
+    # with a whole tensor it reads the view at each point, from either side
+    y = hd.func(lambda x: hd.repeat_edge(x) * x + x * hd.repeat_edge(x))(np.arange(4.0))
+    np.testing.assert_array_equal(y, 2 * np.arange(4.0) ** 2)
+
+
 def test_wrong_rank_names_the_tensor():
     with pytest.raises(hd.ShapeError, match=r"x has shape \(2, 5, 5\) \(3 dimension\(s\)\), but conv2d "
                                             "unpacks its shape into 4 names"):
