@@ -13,7 +13,8 @@ A Func is inlined into its reader when nothing else needs it stored: it is not a
 not among the buffers the driver names as `needed` (for the forward a gradient runs after,
 `ad.read_by_gradients`: every buffer the reverse-mode scatters of the program read, for every
 input, a superset of what any gradient kernel reads; for a plain call's forward, none), and it is
-not a max or min (their gradients read the stored argmax). It has one reader, and:
+not a max or min (their gradients read the stored argmax). A plain copy of another buffer
+(`f[i] = b[i]`) is read from that buffer by all its readers; any other Func has one reader, and:
 
 * a pointwise Func is inlined when the cost model agrees (a relu under a 2x2/2 pooling window or a
   3x3 blur, the squares under a sum; not an exp under a 5x5 window);
@@ -105,6 +106,10 @@ def inline_stages(program: Program, is_contraction: Callable[[Func], bool],
     for k in range(len(funcs)):
         f = funcs[k]  # with what was inlined into it
         readers = [j for j in range(k + 1, len(funcs)) if _loads_of(funcs[j].body, f.name)]
+        if f.name not in keep and readers and _copy_inlinable(f, [funcs[j] for j in readers], is_contraction):
+            for j in readers:
+                funcs[j] = replace(funcs[j], body=_inlined(funcs[j].body, f))
+            continue
         if (f.name in keep or len(readers) != 1 or f.keeps_argindex or is_contraction(f)
                 or is_contraction(funcs[readers[0]]) or not _inlinable(f, funcs[readers[0]])):
             out.append(f)
@@ -120,6 +125,17 @@ def _loads_of(e: Expr, name: str) -> list[Load]:
 
 def _reductions(e: Expr) -> list[Reduce]:
     return [n for n in walk(e) if isinstance(n, Reduce)]
+
+
+def _copy_inlinable(f: Func, readers: list[Func], is_contraction: Callable[[Func], bool]) -> bool:
+    """Whether `f` is a plain copy, `f[i] = b[i]` (the copy of an argument that a gradient or jvp
+    taken while tracing differentiates: halide_ad/retrace.py, halide_ad/forward.py), which every
+    reader can read from b instead, however many there are: a load for a load, and one pass over
+    memory less."""
+    if not (isinstance(f.body, Load) and f.body.index == f.vars and f.body.dtype == f.dtype):
+        return False
+    return not any(is_contraction(r) or any(checked_at_run_time(e) for n in _loads_of(r.body, f.name)
+                                            for e in n.index) for r in readers)
 
 
 def _inlinable(f: Func, reader: Func) -> bool:

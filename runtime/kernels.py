@@ -8,11 +8,11 @@ scatters. Two adjoints may run a plane at a time together (`schedule.stage.stage
 consecutive ones a row of each per iteration of one parallel loop (`schedule.stage.row_group`);
 the forward's nests likewise (`schedule.fuse_rows`).
 
-Every forward nest but the phased ones (pointwise, sums and products, max and min, argmax and
+Every forward nest but the split ones (pointwise, sums and products, max and min, argmax and
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
 passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`,
-`fuse_rows`). The phased forward nests, the gather loop nests (runtime/gathers.py) and the
-staging here follow the decisions of runtime/schedule/ (`interior`, `pointwise_phases`,
+`fuse_rows`). The split forward nests (`pointwise_split`), the gather loop nests (runtime/gathers.py) and the
+staging here follow the decisions of runtime/schedule/ (`interior`, `pointwise_split`,
 `separable_window`, `tabled_points`, `hoist_loads`, `gathers_by_rows`, `column_blocks`,
 `stage_depth`, `row_group`) while they write their statements, nodes resolved where they stand
 (runtime/gathers.py says why), into a Writer, with the loops around them as For nodes, so that
@@ -33,7 +33,7 @@ from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
-from halide_ad.runtime.schedule.phases import as_gather, pointwise_phases
+from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import row_group, stage_depth
 from halide_ad.runtime.writer import Writer
@@ -60,7 +60,7 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple
     w.depth = 1
     run: list[tuple[Func, Stmt]] = []  # the funcs since the last phased one, with their nests
     for f in funcs:
-        if (split := pointwise_phases(f)) is None:
+        if (split := pointwise_split(f)) is None:
             run.append((f, _forward_nest(f, w)))
             continue
         _emit_nests(em, run)
@@ -108,7 +108,8 @@ def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
     def body(gs, at=None, terms=(), terms_dtype=None):
         index = tuple((at or {}).get(v, v) for v in f.vars)
         values = [em.expr(v) for v in [p.value for g in gs for p in g.pieces] + weighted_sums(list(terms), f.dtype)]
-        w.line(f"{em.index(f.name, index, f.name)} = {' + '.join(values)}")
+        # (a region where every term's test fails, a select's edge: 0)
+        w.line(f"{em.index(f.name, index, f.name)} = {' + '.join(values) or em.expr(Const(0, f.dtype))}")
 
     split_loop_nest(w, em, f.vars, f.shape, split, body, [as_gather(f)], f.name)
 

@@ -15,7 +15,8 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the
   phases of a strided dimension, and its separable window (`Split`); `cut_dims`.
-* `phases.py`, `pointwise_phases`: a pointwise forward definition run in phases like a gather.
+* `phases.py`, `pointwise_split`: a pointwise forward definition run in phases, or around an
+  interior box where it is a sum of selects on its variables, like a gather.
 * `separable.py`, `separable_window`: whether the separable window runs as two passes.
 * `corners.py`, `tabled_points`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `hoist_loads`: the loads an iteration reads once, at its top.

@@ -199,3 +199,24 @@ def test_one_cost_model_counts_a_windows_taps_on_both_sides(rng):
     want = sum(clipped[r:r + 20, s:s + 20] for r in range(5) for s in range(5)) / 25
     np.testing.assert_allclose(blur5_relu(x), want, rtol=1e-13)
     hd.check_grad(blur5_relu, x + 0.01)
+
+
+def _smoothness(x):
+    return hd.sum((x[1:] - x[:-1]) ** 2) + hd.sum(x * x * x)
+
+
+@hd.func
+def smoothness_gradient(x):
+    return hd.grad(_smoothness)(x)
+
+
+def test_the_copy_a_gradient_taken_while_tracing_makes_is_read_from_its_argument(rng):
+    x = rng.standard_normal(9)
+    assert "x_arg" in _funcs(smoothness_gradient, x)  # the copy that the gradient differentiates
+    traced, arrays = as_function(smoothness_gradient).trace((x,), {})
+    assert "x_arg" not in traced.run(arrays, CALL)  # read by several Funcs, stored by none
+    d = x[1:] - x[:-1]
+    want = 3 * x * x
+    want[1:] += 2 * d
+    want[:-1] -= 2 * d
+    np.testing.assert_allclose(smoothness_gradient(x), want, rtol=1e-13)

@@ -1,17 +1,17 @@
 """The schedule decisions that the gather loop nests follow (runtime/schedule/), on IR data: which
 loads an iteration hoists, which corners run from tables, when an adjoint runs a row at a time or
 in column blocks, when a separable window runs as two passes, how a long sum splits into parts,
-when a pointwise definition runs in phases; and choose_parallel on a nest the gathers wrote."""
+when a pointwise definition runs in phases or around a box; and choose_parallel on a nest the gathers wrote."""
 from __future__ import annotations
 
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Select, Var
 from halide_ad.runtime.loops import Kind, Source, loops
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
 from halide_ad.runtime.schedule.hoist import hoist_loads
 from halide_ad.runtime.schedule.boundary import box_ranges
 from halide_ad.runtime.schedule.parallel import choose_parallel, region_parallel
-from halide_ad.runtime.schedule.phases import pointwise_phases
+from halide_ad.runtime.schedule.phases import pointwise_split
 from halide_ad.runtime.schedule.rfactor import MAX_PARTS, split_reduction
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows
 from halide_ad.runtime.schedule.separable import MAX_SEPARABLE_TEMP, ring_rows, separable_window
@@ -134,14 +134,30 @@ def test_split_reduction_sums_a_long_loss_in_parts(monkeypatch):
 def test_an_upsampling_runs_in_phases_and_a_plain_pointwise_definition_does_not():
     half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
     up = Func("up", (i, j), (4, 16), Load("x", (i, half), "float32"), "float32")
-    split = pointwise_phases(up)
+    split = pointwise_split(up)
     assert split is not None and split.phased == (j,) and split.strides == (2,)
     # j = 2q + p: in both phases j // 2 is q, a unit-stride read
     assert sorted(split.phases) == [(0,), (1,)]
     for gathers in split.phases.values():
         (load,) = [n for n in walk(gathers[0].pieces[0].value) if isinstance(n, Load)]
         assert load.index == (i, split.phase_vars[0])
-    assert pointwise_phases(Func("same", (i, j), (4, 16), _x(i, j), "float32")) is None
+    assert pointwise_split(Func("same", (i, j), (4, 16), _x(i, j), "float32")) is None
+
+
+def test_a_sum_of_selects_on_its_variables_runs_around_a_box_with_each_test_decided():
+    # what a gradient taken while tracing writes back (retrace.py): x[i, j] + x[i, j - 1] where j >= 1
+    left = Select(Bin(Op.GE, _plus(j, -1), Const(0, INDEX_DTYPE)), _x(i, _plus(j, -1)), Const(0.0, "float32"))
+    f = Func("d", (i, j), (4, 16), Bin(Op.ADD, _x(i, j), left), "float32")
+    split = pointwise_split(f)
+    assert split is not None and split.box[j] == (1, 14) and not split.phased  # (margins grow on both sides)
+    (inside,) = split.inside
+    minus_one = Bin(Op.SUB, j, Const(1, INDEX_DTYPE))
+    assert [p.value for p in inside.pieces] == [_x(i, j), _x(i, minus_one)]  # in order, no guard left
+    assert not any(p.guards[0] for p in inside.pieces)
+    (edge,) = [gs for region, gs in split.outside if region[j] == (0, 0)]
+    assert [p.value for g in edge for p in g.pieces] == [_x(i, Const(0, INDEX_DTYPE))]  # the select fails at j = 0
+    data = Select(Bin(Op.GT, _x(i, j), Const(0.0, "float32")), _x(i, j), Const(0.0, "float32"))
+    assert pointwise_split(Func("relu", (i, j), (4, 16), Bin(Op.ADD, _x(i, j), data), "float32")) is None
 
 
 def test_a_nest_written_as_lines_gets_its_parallel_loop_from_choose_parallel(monkeypatch):
