@@ -5,7 +5,9 @@ any other divisor is refused (Unsupported), never guessed.
 """
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -33,6 +35,15 @@ class Unsupported(Exception):
 
 
 _local = threading.local()
+_contexts: weakref.WeakSet = weakref.WeakSet()  # every thread's, for _leave_contexts_to_the_os
+
+
+@atexit.register
+def _leave_contexts_to_the_os() -> None:
+    """Skip deleting the z3 contexts at exit: z3 spun in ast_manager's destructor for minutes
+    while the interpreter shut down after a test run; the process's memory goes back anyway."""
+    for context in list(_contexts):
+        context.owner = False
 
 
 def _context() -> z3.Context:
@@ -40,6 +51,7 @@ def _context() -> z3.Context:
     deleting one per query took 4 ms: 40% of the bilinear gradient's solving."""
     if not hasattr(_local, "context"):
         _local.context = z3.Context()
+        _contexts.add(_local.context)
         # z3's default solver first picks a strategy for the query's logic; for these small
         # linear queries with div, mod and uninterpreted loads, its SMT core alone gave the same
         # answers 2.6x as fast (the benchmark cases' 520 queries: 1.17 s against 0.45 s)
