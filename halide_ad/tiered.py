@@ -44,7 +44,7 @@ from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import walk
 
 PYTHON_STEP = 1000  # element operations that one Python-level step of the interpreter costs, about
-INTERPRETED = "\0interpreted"  # a key of the interpreter's buffers: their gradient is interpreted too
+INTERPRETED = "\0interpreted"  # a key of the interpreter's buffers (later, the kernels' buffers: api.Traced)
 
 
 def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
