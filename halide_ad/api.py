@@ -29,12 +29,13 @@ from halide_ad.trees import flatten
 class _Call:
     """A call signature traced before: its Traced, and which arguments are its array buffers."""
 
-    __slots__ = ("traced", "positions", "keywords")
+    __slots__ = ("traced", "positions", "keywords", "direct")
 
     def __init__(self, traced: Traced, positions: tuple[tuple[int, str], ...], keywords: tuple[str, ...]):
         self.traced = traced
         self.positions = positions
         self.keywords = keywords
+        self.direct = None  # (args, kwargs) -> outputs, once the plain call's kernels run (`Traced.direct`)
 
     def arrays(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
         """The arrays by buffer name, C-contiguous, as `classify` passes them on."""
@@ -184,6 +185,16 @@ class Traced:
             kept = buffers[tiered.INTERPRETED] = self._forward_run(FORWARD)(self._inputs(buffers))
         return kept
 
+    def direct(self, call: _Call):
+        """The plain call of `call`'s signature as one function of (args, kwargs) (see
+        `ForwardRun.direct`), once its kernels run, for a program that reads no captured array
+        and runs in one piece; else None (and the call takes `run`'s path)."""
+        if self.captured or self.checkpoints or CALL not in self._compiled:
+            return None
+        sources = dict((name, k) for k, name in call.positions) | {name: name for name in call.keywords}
+        structure = self.structure()
+        return self._forward_run(CALL).direct(sources, self._outputs, None if isinstance(structure, int) else self.rebuild)
+
     def outputs(self, buffers: dict[str, np.ndarray]):
         """The outputs in the structure fn returned. Kernels see a 0-d buffer as shape (1,); every
         other buffer has its output's shape already."""
@@ -241,7 +252,13 @@ class Function:
         if current() is not None:
             self._check_arguments(args, kwargs)
             return self.fn(*args, **kwargs)
-        traced, arrays = self.trace(args, kwargs)
+        key = call_key(args, kwargs)
+        call = self._calls.get(key)  # (None, for arguments without a key, is never one)
+        if call is not None:
+            if call.direct is not None:
+                return call.direct(args, kwargs)
+            call.direct = call.traced.direct(call)
+        traced, arrays = self.trace(args, kwargs, key)
         return traced.outputs(traced.run(arrays, CALL))
 
     def _param_names(self, count: int) -> list[str]:
@@ -264,10 +281,12 @@ class Function:
                              f"{len(kwargs)} keyword argument(s): {e}", user_loc()) from None
         self._bound.add(arity)
 
-    def trace(self, args: tuple, kwargs: dict) -> tuple[Traced, dict[str, np.ndarray]]:
+    def trace(self, args: tuple, kwargs: dict, key=False) -> tuple[Traced, dict[str, np.ndarray]]:
         """(the Traced of this call's signature, traced on its first call; the arrays by buffer
-        name). A signature called before is found by `call_key` without classifying anything."""
-        key = call_key(args, kwargs)
+        name). A signature called before is found by `call_key` (`key`, where the caller has
+        it) without classifying anything."""
+        if key is False:
+            key = call_key(args, kwargs)
         call = None if key is None else self._calls.get(key)  # (a dict read needs no lock)
         if call is not None:
             if not call.traced.captured:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import halide_ad as hd
-from halide_ad import api
+from halide_ad import api, ops, tiered
 from halide_ad.runtime import parallel
 
 TRACES: list = []  # one entry per trace of `axpy`: its body runs only while tracing
@@ -76,6 +76,51 @@ def test_arrays_of_any_layout_and_byte_order_after_a_cached_call(rng):
 
 class Subclass(np.ndarray):
     pass
+
+
+@hd.func
+def parts(x, s, *, w):
+    """A dict with a 0-d entry, an array keyword and a 0-d input: what a direct call rebuilds."""
+    return {"scaled": x * s + w, "total": hd.sum(x) * s}
+
+
+@hd.func
+def product(a, b):
+    """A BLAS contraction (from 16 x 16 up): a step that a direct call hands its buffers by name."""
+    return ops.matmul(a, b)
+
+
+def _direct(fn, *args, **kwargs):
+    """The call's direct function, after enough calls to have made it (the first may run on the
+    interpreter tier, whose kernels then settle)."""
+    for _ in range(3):
+        fn(*args, **kwargs)
+        tiered.settle()
+    first = (args[0].shape, args[0].dtype.name)
+    (call,) = [c for c in api.as_function(fn)._calls.values()
+               if (c.traced.program.inputs[0].shape, c.traced.program.inputs[0].dtype) == first]
+    assert call.direct is not None
+    return call.direct
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_direct_call_gives_the_first_calls_results_for_every_layout(rng, dtype):
+    x, w = rng.standard_normal(7).astype(dtype), rng.standard_normal(7).astype(dtype)
+    s = np.array(3.0, dtype)
+    _direct(parts, x, s, w=w)
+    strided = rng.standard_normal(14).astype(dtype)[::2]
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    for a in (x, strided, readonly):
+        out = parts(a, s, w=w)
+        assert set(out) == {"scaled", "total"} and out["total"].shape == () and out["scaled"].dtype == dtype
+        np.testing.assert_allclose(out["scaled"], a * 3 + w, rtol=1e-6)
+        np.testing.assert_allclose(out["total"], a.sum() * 3, rtol=1e-6)
+    first, second = parts(x, s, w=w), parts(x, s, w=w)
+    assert first["scaled"] is not second["scaled"]  # each call's outputs are its own arrays
+    a, b = rng.standard_normal((16, 12)).astype(dtype), rng.standard_normal((12, 16)).astype(dtype)
+    _direct(product, a, b)
+    np.testing.assert_allclose(product(a, np.asfortranarray(b)), a @ b, rtol=1e-5, atol=1e-5)
 
 
 BAD_CALLS = [
