@@ -17,7 +17,7 @@ from halide_ad.runtime.parallel import SMALL_MATMUL, one_blas_thread
 from halide_ad.runtime.plans import AdjointPlan
 
 
-_NO_STATUS = np.zeros(3, np.int64)  # for steps without checks: no kernel writes it
+NO_STATUS = np.zeros(3, np.int64)  # for steps without checks: no kernel writes it
 
 
 @dataclass
@@ -32,7 +32,7 @@ class NumbaStep:
 
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
         if not self.checks:  # `status` is written only by the `checked` reads that checks describe
-            self.fn(*self._args(buffers), _NO_STATUS)
+            self.fn(*self._args(buffers), NO_STATUS)
             return
         status = np.zeros(3, np.int64)
         self.fn(*self._args(buffers), status)
@@ -70,7 +70,7 @@ class Kernel:
     scratch: tuple[Buffer, ...] = ()  # buffers of its own, not the program's
 
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
-        if self._small_products:
+        if self.small_products:
             with one_blas_thread():
                 for step in self.steps:
                     step(buffers)
@@ -79,7 +79,7 @@ class Kernel:
             step(buffers)
 
     @functools.cached_property
-    def _small_products(self) -> bool:
+    def small_products(self) -> bool:
         """Whether its steps include BLAS contractions and every one is small enough that BLAS
         runs it on the calling thread (`parallel.matmul`): the kernel then holds BLAS there for
         all of its steps, not product by product. Each switch back wakes OpenBLAS's threads: a
@@ -158,53 +158,6 @@ class ForwardRun:
             buffers[a.name] = a()
         self.kernel(buffers)
         return buffers
-
-
-    def direct(self, sources: dict[str, int | str], outputs: tuple[tuple[str, bool], ...], rebuild=None):
-        """This run as one Python function of a call's `(args, kwargs)`, returning its outputs:
-        input `name` is `args[sources[name]]` (an int) or `kwargs[sources[name]]` (a str), made
-        C-contiguous; `outputs` are (buffer, whether 0-d); the function returns the one output
-        itself, or with `rebuild`, `rebuild([output, ...])`. A cached call of a tiny program
-        spent ~3 of its ~4.5 us in the layers between a call and its numba function (dicts of
-        buffers, getters, loops over steps and allocations); written out, it spends ~1. None
-        where a step reads a buffer that is neither an input in `sources` nor allocated here."""
-        names = {name: f"b{k}" for k, name in enumerate(
-            [*sources, *(a.name for a in self.allocations)])}
-        namespace: dict = {"asarray": np.asarray, "empty": np.empty, "NO_STATUS": _NO_STATUS,
-                           "one_blas_thread": one_blas_thread, "rebuild": rebuild}
-        lines = ["def direct(args, kwargs):"]
-        for name, at in sources.items():
-            lines.append(f"    {names[name]} = asarray({'args' if isinstance(at, int) else 'kwargs'}[{at!r}], order='C')"
-                         + (".reshape(1)" if name in self.scalars else ""))
-        for k, a in enumerate(self.allocations):
-            if a.small:
-                namespace[f"shape{k}"], namespace[f"dtype{k}"] = a.shape or (1,), a.dtype
-                lines.append(f"    {names[a.name]} = empty(shape{k}, dtype{k})")
-            else:
-                namespace[f"allocate{k}"] = a
-                lines.append(f"    {names[a.name]} = allocate{k}()")
-        steps = self.kernel.steps
-        if not self.kernel.buffers() <= names.keys():
-            return None  # an input from elsewhere (a captured array): the caller keeps its own path
-        plain = all(isinstance(s, NumbaStep) and not s.checks for s in steps)
-        if not plain:  # steps that take the buffers by name; read the outputs from them too
-            lines.append("    buffers = {" + ", ".join(f"{n!r}: {v}" for n, v in names.items()) + "}")
-            names = {n: f"buffers[{n!r}]" for n in names}
-        indent = "    "
-        if self.kernel._small_products:
-            lines.append("    with one_blas_thread():")
-            indent = "        "
-        for k, step in enumerate(steps):
-            if plain:
-                namespace[f"step{k}"] = step.fn
-                lines.append(f"{indent}step{k}({', '.join(names[p] for p in step.params)}, NO_STATUS)")
-            else:
-                namespace[f"step{k}"] = step
-                lines.append(f"{indent}step{k}(buffers)")
-        results = [f"{names[o]}.reshape(())" if scalar else names[o] for o, scalar in outputs]
-        lines.append(f"    return rebuild([{', '.join(results)}])" if rebuild is not None else f"    return {results[0]}")
-        exec(compile("\n".join(lines), "<halide_ad direct call>", "exec"), namespace)
-        return namespace["direct"]
 
 
 def run_forward(program: Program, kernel: Kernel, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

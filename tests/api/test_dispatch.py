@@ -181,6 +181,29 @@ def test_value_and_grad_reuses_its_plan_and_checks_new_signatures(rng):
         hd.grad(lambda x: x * 2.0)(x)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_direct_value_and_grad_gives_the_first_calls_results(rng, dtype):
+    def loss(x, s, w):
+        return hd.sum(x * w * s) + s
+
+    x, w = rng.standard_normal(9).astype(dtype), rng.standard_normal(9).astype(dtype)
+    s = np.array(2.0, dtype)
+    both, one = hd.value_and_grad(loss, argnums=(1, 0)), hd.value_and_grad(loss, argnums=0)
+    expected = both(x, s, w)
+    for _ in range(3):
+        tiered.settle()
+        value, (gs, gx) = both(x, s, w)
+        assert type(value) is type(expected[0]) and value.dtype == dtype and gs.shape == () and gx.dtype == dtype
+        np.testing.assert_allclose(value, np.sum(x * w * 2) + 2, rtol=1e-5)
+        np.testing.assert_allclose(gs, np.sum(x * w) + 1, rtol=1e-5)
+        np.testing.assert_allclose(gx, 2 * w, rtol=1e-5)
+        value, gx = one(x[::-1], s, w)
+        np.testing.assert_allclose(gx, 2 * w, rtol=1e-5)
+    (call,) = [c for c in api.as_function(loss)._calls.values() if c.traced.program.inputs[0].dtype == dtype.__name__]
+    assert call.gradients[(1, 0)] and call.gradients[(0,)]
+    assert both(x, s, w)[1][1] is not both(x, s, w)[1][1]  # each call's gradients are its own arrays
+
+
 def test_value_and_grad_of_a_0d_input_and_vjp_of_a_structured_result(rng):
     @hd.func
     def parts(x, s):
