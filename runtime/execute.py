@@ -13,7 +13,7 @@ from halide_ad.errors import BoundsError, ShapeError
 from halide_ad.ir import Buffer, Program, adjoint_name, argindex_name
 from halide_ad.runtime.buffers import MIN_POOLED_BYTES, pool
 from halide_ad.runtime.contract import Contraction
-from halide_ad.runtime.parallel import SMALL_MATMUL, one_blas_thread
+from halide_ad.runtime.parallel import SMALL_MATMUL, blas_on_calling_thread, one_blas_thread
 from halide_ad.runtime.plans import AdjointPlan
 
 
@@ -83,10 +83,11 @@ class Kernel:
         """Whether its steps include BLAS contractions and every one is small enough that BLAS
         runs it on the calling thread (`parallel.matmul`): the kernel then holds BLAS there for
         all of its steps, not product by product. Each switch back wakes OpenBLAS's threads: a
-        training step's nine products paid up to ~40 us apiece for it on a busy machine."""
-        contractions = [c for step in self.steps if isinstance(step, ContractionStep) for c in step.contractions]
-        return bool(contractions) and all(math.prod(r.extent for r in c.domain) < SMALL_MATMUL
-                                          for c in contractions)
+        training step's nine products paid up to ~40 us apiece for it on a busy machine. Not
+        where BLAS keeps every one on the calling thread by itself (`blas_on_calling_thread`)."""
+        sizes = [math.prod(r.extent for r in c.domain)
+                 for step in self.steps if isinstance(step, ContractionStep) for c in step.contractions]
+        return bool(sizes) and max(sizes) < SMALL_MATMUL and not blas_on_calling_thread(max(sizes))
 
     @functools.cached_property
     def _buffers(self) -> frozenset[str]:
