@@ -81,6 +81,7 @@ class Traced:
         self._arg_shapes = tuple(None if n is None else program.buffer(n).shape for n in self.arg_names)
         self.float_args = tuple(n for n in self.arg_names if n is not None and ir.is_float(program.buffer(n).dtype))
         self._structure = None
+        self._written_vjp = None  # direct_vjp's function, or False
         # tiered execution (halide_ad/tiered.py), per pass: FORWARD, CALL, or a gradient's wrt
         self._compiled: set = set()        # the passes that run their kernels from now on
         self._jobs: dict = {}              # pass -> the Future compiling its kernels
@@ -209,6 +210,24 @@ class Traced:
         structure = self.structure()
         return direct.call(self.forward_run(CALL), call.sources(), self._outputs,
                            None if isinstance(structure, int) else self.rebuild)
+
+    def direct_vjp(self):
+        """The gradient by every float argument, from a vjp's forward buffers and the cotangent of
+        a program with one output, written out (`direct.vjp`), or see `direct_ready`. Cached."""
+        if self._written_vjp is not None:
+            return self._written_vjp
+        wrt = self.float_args
+        ready = self.direct_ready(wrt)
+        if ready is None:
+            return None
+        written = False
+        if ready and len(self._outputs) == 1:
+            func = self.program.func(self._outputs[0][0])
+            args = tuple((n if n in wrt else None, shape == ())
+                         for n, shape in zip(self.arg_names, self._arg_shapes, strict=True))
+            written = direct.vjp(self.backward(wrt), func.name, func.shape, np.dtype(func.dtype), args)
+        self._written_vjp = written
+        return written
 
     def outputs(self, buffers: dict[str, np.ndarray]):
         """The outputs in the structure fn returned. Kernels see a 0-d buffer as shape (1,); every

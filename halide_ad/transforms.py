@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from halide_ad import ir, retrace
+from halide_ad import ir, retrace, tiered
 from halide_ad.runtime import direct
 from halide_ad.api import FORWARD, as_function, Traced
 from halide_ad.arguments import call_key
@@ -47,10 +47,19 @@ def vjp(fn, *args, **kwargs):
     traced, arrays = f.trace(args, kwargs)
     buffers = traced.run(arrays)
     out = traced.outputs(buffers)
+    written = None  # the backward written out (`Traced.direct_vjp`), once the kernels ran it
 
     def vjp_fn(cotangent):
+        nonlocal written
+        if written:
+            grads = written(buffers, cotangent)
+            if grads is not None:  # else a cotangent to check and convert
+                return grads
         cts = _cotangents(traced, cotangent, getattr(f.fn, "__name__", "fn"))
-        return traced.gradients(traced.gradient_of(traced.float_args, buffers, cts))
+        grads = traced.gradients(traced.gradient_of(traced.float_args, buffers, cts))
+        if written is None and tiered.INTERPRETED not in buffers:
+            written = traced.direct_vjp()
+        return grads
 
     return out, vjp_fn
 

@@ -123,4 +123,31 @@ def value_and_grad(forward: ForwardRun, backward: BackwardRun, sources: dict[str
     return glue.function(f"{glue.names[out]}[0], " + (grads[0] if single else f"({', '.join(grads)},)"))
 
 
-__all__ = ["Glue", "call", "value_and_grad"]
+def vjp(backward: BackwardRun, out: str, shape: tuple[int, ...], dtype: np.dtype,
+        args: tuple[tuple[str | None, bool], ...]):
+    """`backward` as a function of (the forward's buffers, the cotangent of the one output `out`)
+    that returns a gradient for each of `args` (buffer or None, whether 0-d), None in place of
+    each None: a vjp closure's cached call. The function returns None itself for a cotangent
+    other than a `shape` array of `dtype`, which the caller checks and converts. False where it
+    cannot be written out."""
+    glue = Glue("buffers, cotangent")
+    fills = dict(backward.fills)
+    for name in backward.kernel.buffers() - fills.keys():
+        glue.set(name, f"buffers[{name!r}]")
+    glue.lines.append(f"    if type(cotangent) is not ndarray or cotangent.shape != {shape!r} "
+                      f"or cotangent.dtype != {glue.bind(dtype)}:")
+    glue.lines.append("        return None")
+    glue.namespace["ndarray"] = np.ndarray
+    for name, fill in backward.fills:
+        if isinstance(fill, str):  # the cotangent: of `out`, the one output
+            glue.take(name, "cotangent", scalar=shape == ())
+        else:
+            glue.allocate(fill)
+    adjoints = dict(backward.results)
+    if not glue.kernel(backward.kernel) or any(b is not None and adjoints.get(b) not in glue.names for b, _ in args):
+        return False
+    grads = ["None" if b is None else glue.result(adjoints[b], scalar=scalar) for b, scalar in args]
+    return glue.function(f"({', '.join(grads)},)")
+
+
+__all__ = ["Glue", "call", "value_and_grad", "vjp"]

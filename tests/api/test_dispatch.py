@@ -204,6 +204,34 @@ def test_a_direct_value_and_grad_gives_the_first_calls_results(rng, dtype):
     assert both(x, s, w)[1][1] is not both(x, s, w)[1][1]  # each call's gradients are its own arrays
 
 
+@hd.func
+def gathered(x, idx, s):
+    """A float, an integer (data) and a 0-d argument: the gradients a direct vjp returns."""
+    return hd.compute(idx.shape, lambda i: x[hd.clamp(idx[i], 0, x.shape[0] - 1)] * s)
+
+
+def test_a_direct_vjp_gives_the_first_calls_gradients_and_checks_other_cotangents(rng):
+    x, idx, s = rng.standard_normal(6).astype(np.float32), np.array([0, 5, 5, 2]), np.array(2.0, np.float32)
+    ct = rng.standard_normal(4).astype(np.float32)
+    expected_gx = np.zeros(6, np.float32)
+    np.add.at(expected_gx, idx, 2 * ct)
+    _, f_vjp = hd.vjp(gathered, x, idx, s)
+    for _ in range(3):
+        f_vjp(ct)
+        tiered.settle()
+        _, f_vjp = hd.vjp(gathered, x, idx, s)
+    for cotangent in (ct, ct.astype(np.float64), list(ct), ct):  # the first and last run written out
+        gx, gidx, gs = f_vjp(cotangent)
+        np.testing.assert_allclose(gx, expected_gx, rtol=1e-6)
+        assert gidx is None and gs.shape == () and gx.dtype == np.float32
+        np.testing.assert_allclose(gs, np.dot(x[idx], ct), rtol=1e-5)
+    (call,) = api.as_function(gathered)._calls.values()
+    assert callable(call.traced._written_vjp)
+    assert f_vjp(ct)[0] is not f_vjp(ct)[0]
+    with pytest.raises(hd.ShapeError, match=r"has shape \(3,\); it must be \(4,\)"):
+        f_vjp(ct[:3])
+
+
 def test_value_and_grad_of_a_0d_input_and_vjp_of_a_structured_result(rng):
     @hd.func
     def parts(x, s):
