@@ -18,6 +18,7 @@ from halide_ad.arguments import call_key, classify, static_used_as_array
 from halide_ad.segments import Segmented
 from halide_ad.compiler import compile_forward, compile_gradient
 from halide_ad.errors import ShapeError, TraceError, user_loc
+from halide_ad.runtime import direct
 from halide_ad.runtime.execute import BackwardRun, ForwardRun, Kernel
 from halide_ad.runtime.plans import AdjointPlan
 from halide_ad.tensor import Tensor, compute
@@ -29,12 +30,20 @@ from halide_ad.trees import flatten
 class _Call:
     """A call signature traced before: its Traced, and which arguments are its array buffers."""
 
-    __slots__ = ("traced", "positions", "keywords")
+    __slots__ = ("traced", "positions", "keywords", "direct", "gradients")
 
     def __init__(self, traced: Traced, positions: tuple[tuple[int, str], ...], keywords: tuple[str, ...]):
         self.traced = traced
         self.positions = positions
         self.keywords = keywords
+        # (args, kwargs) -> results, written out once the kernels run (runtime/direct.py): the
+        # plain call's, and value_and_grad's by argnums; False where one never will be
+        self.direct = None
+        self.gradients: dict = {}
+
+    def sources(self) -> dict[str, int | str]:
+        """Where each array comes from: its position in args, or its keyword."""
+        return {name: k for k, name in self.positions} | {name: name for name in self.keywords}
 
     def arrays(self, args: tuple, kwargs: dict) -> dict[str, np.ndarray]:
         """The arrays by buffer name, C-contiguous, as `classify` passes them on."""
@@ -72,6 +81,7 @@ class Traced:
         self._arg_shapes = tuple(None if n is None else program.buffer(n).shape for n in self.arg_names)
         self.float_args = tuple(n for n in self.arg_names if n is not None and ir.is_float(program.buffer(n).dtype))
         self._structure = None
+        self._written_vjp = None  # direct_vjp's function, or False
         # tiered execution (halide_ad/tiered.py), per pass: FORWARD, CALL, or a gradient's wrt
         self._compiled: set = set()        # the passes that run their kernels from now on
         self._jobs: dict = {}              # pass -> the Future compiling its kernels
@@ -114,9 +124,9 @@ class Traced:
         return Segmented(self.program, self.checkpoints)
 
     def forward_kernel(self) -> Kernel:
-        return self._forward_run(FORWARD).kernel
+        return self.forward_run().kernel
 
-    def _forward_run(self, key: str) -> ForwardRun:
+    def forward_run(self, key: str = FORWARD) -> ForwardRun:
         run = self._forwards.get(key)  # read without the lock: a call never waits for another's compile
         if run is None:
             with self._lock:
@@ -145,14 +155,14 @@ class Traced:
         if self.checkpoints:
             return self._segmented.forward(arrays)
         if key in self._compiled:
-            return self._forward_run(key)(arrays)
+            return self.forward_run(key)(arrays)
         def warming():
             copies = self._inputs(arrays)
-            return lambda: self._forward_run(key)(copies)
+            return lambda: self.forward_run(key)(copies)
 
         if self._interpreting(key, warming):
             return tiered.forward(self.program, arrays)
-        return self._forward_run(key)(arrays)
+        return self.forward_run(key)(arrays)
 
     def gradient_of(self, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
                     cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -166,7 +176,7 @@ class Traced:
         def warming():
             inputs = self._inputs(buffers)
             seeds = {k: np.array(v) for k, v in cotangents.items()}
-            return lambda: self.backward(wrt)(self._forward_run(FORWARD)(inputs), seeds)
+            return lambda: self.backward(wrt)(self.forward_run(FORWARD)(inputs), seeds)
 
         if self._interpreting(wrt, warming):
             forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
@@ -181,8 +191,43 @@ class Traced:
         later (a benchmark's, a training loop's) then runs kernels, not the interpreter, for good."""
         kept = buffers[tiered.INTERPRETED]
         if not isinstance(kept, dict):
-            kept = buffers[tiered.INTERPRETED] = self._forward_run(FORWARD)(self._inputs(buffers))
+            kept = buffers[tiered.INTERPRETED] = self.forward_run(FORWARD)(self._inputs(buffers))
         return kept
+
+    def direct_ready(self, *passes):
+        """Whether a call may run as one function of (args, kwargs) (runtime/direct.py):
+        once the kernels of `passes` run, for a program that reads no captured array and runs in
+        one piece. None while they may still run on the interpreter; False for good."""
+        if self.captured or self.checkpoints:
+            return False
+        return all(p in self._compiled for p in passes) or None
+
+    def direct_call(self, call: _Call):
+        """The plain call of `call`'s signature written out (`direct.call`), or see `direct_ready`."""
+        ready = self.direct_ready(CALL)
+        if not ready:
+            return ready
+        structure = self.structure()
+        return direct.call(self.forward_run(CALL), call.sources(), self._outputs,
+                           None if isinstance(structure, int) else self.rebuild)
+
+    def direct_vjp(self):
+        """The gradient by every float argument, from a vjp's forward buffers and the cotangent of
+        a program with one output, written out (`direct.vjp`), or see `direct_ready`. Cached."""
+        if self._written_vjp is not None:
+            return self._written_vjp
+        wrt = self.float_args
+        ready = self.direct_ready(wrt)
+        if ready is None:
+            return None
+        written = False
+        if ready and len(self._outputs) == 1:
+            func = self.program.func(self._outputs[0][0])
+            args = tuple((n if n in wrt else None, shape == ())
+                         for n, shape in zip(self.arg_names, self._arg_shapes, strict=True))
+            written = direct.vjp(self.backward(wrt), func.name, func.shape, np.dtype(func.dtype), args)
+        self._written_vjp = written
+        return written
 
     def outputs(self, buffers: dict[str, np.ndarray]):
         """The outputs in the structure fn returned. Kernels see a 0-d buffer as shape (1,); every
@@ -241,7 +286,14 @@ class Function:
         if current() is not None:
             self._check_arguments(args, kwargs)
             return self.fn(*args, **kwargs)
-        traced, arrays = self.trace(args, kwargs)
+        key = call_key(args, kwargs)
+        call = self._calls.get(key)  # (None, for arguments without a key, is never one)
+        if call is not None:
+            if call.direct:
+                return call.direct(args, kwargs)
+            if call.direct is None:
+                call.direct = call.traced.direct_call(call)
+        traced, arrays = self.trace(args, kwargs, key)
         return traced.outputs(traced.run(arrays, CALL))
 
     def _param_names(self, count: int) -> list[str]:
@@ -264,10 +316,12 @@ class Function:
                              f"{len(kwargs)} keyword argument(s): {e}", user_loc()) from None
         self._bound.add(arity)
 
-    def trace(self, args: tuple, kwargs: dict) -> tuple[Traced, dict[str, np.ndarray]]:
+    def trace(self, args: tuple, kwargs: dict, key=False) -> tuple[Traced, dict[str, np.ndarray]]:
         """(the Traced of this call's signature, traced on its first call; the arrays by buffer
-        name). A signature called before is found by `call_key` without classifying anything."""
-        key = call_key(args, kwargs)
+        name). A signature called before is found by `call_key` (`key`, where the caller has
+        it) without classifying anything."""
+        if key is False:
+            key = call_key(args, kwargs)
         call = None if key is None else self._calls.get(key)  # (a dict read needs no lock)
         if call is not None:
             if not call.traced.captured:

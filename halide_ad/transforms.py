@@ -9,8 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from halide_ad import ir, retrace
-from halide_ad.api import as_function, Traced
+from halide_ad import ir, retrace, tiered
+from halide_ad.runtime import direct
+from halide_ad.api import FORWARD, as_function, Traced
+from halide_ad.arguments import call_key
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError
 from halide_ad.trace import current
 from halide_ad.trees import leaves_like
@@ -45,10 +47,19 @@ def vjp(fn, *args, **kwargs):
     traced, arrays = f.trace(args, kwargs)
     buffers = traced.run(arrays)
     out = traced.outputs(buffers)
+    written = None  # the backward written out (`Traced.direct_vjp`), once the kernels ran it
 
     def vjp_fn(cotangent):
+        nonlocal written
+        if written:
+            grads = written(buffers, cotangent)
+            if grads is not None:  # else a cotangent to check and convert
+                return grads
         cts = _cotangents(traced, cotangent, getattr(f.fn, "__name__", "fn"))
-        return traced.gradients(traced.gradient_of(traced.float_args, buffers, cts))
+        grads = traced.gradients(traced.gradient_of(traced.float_args, buffers, cts))
+        if written is None and tiered.INTERPRETED not in buffers:
+            written = traced.direct_vjp()
+        return grads
 
     return out, vjp_fn
 
@@ -86,6 +97,16 @@ class _ScalarGradient:
         grads = self.traced.gradient_of(self.wrt, buffers, {self.out: self.seed.copy()})
         return tuple(grads[name].reshape(()) if scalar else grads[name] for name, scalar in self.results)
 
+    def direct(self, call, single: bool):
+        """value_and_grad's whole call for `call`'s signature written out (`direct.value_and_grad`),
+        once the kernels of the forward and the gradient run; see `Traced.direct_ready`."""
+        traced = self.traced
+        ready = traced.direct_ready(FORWARD, self.wrt)
+        if not ready:
+            return ready
+        return direct.value_and_grad(traced.forward_run(), traced.backward(self.wrt), call.sources(),
+                                     self.out, self.seed, self.results, single)
+
 
 def _scalar_output(traced: Traced, fn_name: str) -> str:
     program = traced.program
@@ -110,7 +131,13 @@ def value_and_grad(fn, argnums=0):
             return retrace.value_and_grad(fn, nums, single, args, kwargs)
         if function is None:
             function = as_function(fn)
-        traced, arrays = function.trace(args, kwargs)
+        key = call_key(args, kwargs)
+        call = function._calls.get(key) if cached else None
+        if call is not None:
+            written = call.gradients.get(nums)
+            if written:
+                return written(args, kwargs)
+        traced, arrays = function.trace(args, kwargs, key)
         gradient = traced.scalar_gradients.get(nums) if cached else None
         if gradient is None:  # the first call for this signature: check, run, then compile
             name = getattr(function.fn, "__name__", "fn")
@@ -126,6 +153,8 @@ def value_and_grad(fn, argnums=0):
         else:
             buffers = traced.run(arrays)
         results = gradient(buffers)
+        if call is not None and call.gradients.get(nums) is None:
+            call.gradients[nums] = gradient.direct(call, single)
         return traced.outputs(buffers)[()], (results[0] if single else results)
 
     return wrapped

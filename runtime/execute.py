@@ -13,11 +13,11 @@ from halide_ad.errors import BoundsError, ShapeError
 from halide_ad.ir import Buffer, Program, adjoint_name, argindex_name
 from halide_ad.runtime.buffers import MIN_POOLED_BYTES, pool
 from halide_ad.runtime.contract import Contraction
-from halide_ad.runtime.parallel import SMALL_MATMUL, one_blas_thread
+from halide_ad.runtime.parallel import SMALL_MATMUL, blas_on_calling_thread, one_blas_thread
 from halide_ad.runtime.plans import AdjointPlan
 
 
-_NO_STATUS = np.zeros(3, np.int64)  # for steps without checks: no kernel writes it
+NO_STATUS = np.zeros(3, np.int64)  # for steps without checks: no kernel writes it
 
 
 @dataclass
@@ -32,7 +32,7 @@ class NumbaStep:
 
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
         if not self.checks:  # `status` is written only by the `checked` reads that checks describe
-            self.fn(*self._args(buffers), _NO_STATUS)
+            self.fn(*self._args(buffers), NO_STATUS)
             return
         status = np.zeros(3, np.int64)
         self.fn(*self._args(buffers), status)
@@ -70,7 +70,7 @@ class Kernel:
     scratch: tuple[Buffer, ...] = ()  # buffers of its own, not the program's
 
     def __call__(self, buffers: dict[str, np.ndarray]) -> None:
-        if self._small_products:
+        if self.small_products:
             with one_blas_thread():
                 for step in self.steps:
                     step(buffers)
@@ -79,20 +79,22 @@ class Kernel:
             step(buffers)
 
     @functools.cached_property
-    def _small_products(self) -> bool:
+    def small_products(self) -> bool:
         """Whether its steps include BLAS contractions and every one is small enough that BLAS
         runs it on the calling thread (`parallel.matmul`): the kernel then holds BLAS there for
         all of its steps, not product by product. Each switch back wakes OpenBLAS's threads: a
-        training step's nine products paid up to ~40 us apiece for it on a busy machine."""
-        contractions = [c for step in self.steps if isinstance(step, ContractionStep) for c in step.contractions]
-        return bool(contractions) and all(math.prod(r.extent for r in c.domain) < SMALL_MATMUL
-                                          for c in contractions)
+        training step's nine products paid up to ~40 us apiece for it on a busy machine. Not
+        where BLAS keeps every one on the calling thread by itself (`blas_on_calling_thread`)."""
+        sizes = [math.prod(r.extent for r in c.domain)
+                 for step in self.steps if isinstance(step, ContractionStep) for c in step.contractions]
+        return bool(sizes) and max(sizes) < SMALL_MATMUL and not blas_on_calling_thread(max(sizes))
 
     @functools.cached_property
     def _buffers(self) -> frozenset[str]:
         return frozenset(name for step in self.steps for name in (
             step.params if isinstance(step, NumbaStep) else
-            [step.out, step.init] + [x.buffer for c in step.contractions for x in c.loads]))
+            [step.out] + [step.init] * (step.init not in ("zeros", "kernel"))
+            + [x.buffer for c in step.contractions for x in c.loads]))
 
     def buffers(self) -> frozenset[str]:
         """The buffers its steps read or write."""

@@ -41,6 +41,9 @@ CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
 PARALLEL_COPY_BYTES = 1 << 20  # copies and sums smaller in all run on the calling thread
 SMALL_MATMUL = 1 << 22  # multiply-adds, below which BLAS is called as is: a thread costs ~50 us
+# OpenBLAS runs a product of at most this many multiply-adds on the calling thread by itself
+# (interface/gemm.c: m * n * k <= SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD = 65536 * 4)
+OPENBLAS_ONE_THREAD = 1 << 18
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _chunk = threading.local()  # .running: this thread runs a chunk, where a nested loop runs serially
@@ -154,6 +157,9 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     machine the hand-off waits for a time slice of another core. That product took 7-8 ms
     instead of 0.012 in some processes, and was most of the digits training step."""
     if out.size * a.shape[2] < SMALL_MATMUL:
+        if blas_on_calling_thread(out.size * a.shape[2]):
+            np.matmul(a, b, out=out)
+            return
         with one_blas_thread():
             np.matmul(a, b, out=out)
         return
@@ -177,6 +183,21 @@ def each_image(body, count: int) -> None:
 
     with one_blas_thread():
         parallel_for(images, 0, count)
+
+
+def blas_on_calling_thread(macs: int) -> bool:
+    """Whether BLAS runs products of up to `macs` multiply-adds on the calling thread without
+    being told to: every BLAS library here is OpenBLAS, and `macs` is at most OPENBLAS_ONE_THREAD.
+    Holding BLAS on one thread (`one_blas_thread`) costs two calls into it and ~3-7 us, as much
+    as such a product (a small conv layer's weight gradient: 8 x 1024 x 27)."""
+    return macs <= OPENBLAS_ONE_THREAD and _openblas_only()
+
+
+@functools.cache
+def _openblas_only() -> bool:
+    apis = [lib.internal_api for lib in threadpoolctl.ThreadpoolController().lib_controllers
+            if lib.user_api == "blas"]
+    return bool(apis) and all(api == "openblas" for api in apis)
 
 
 class one_blas_thread:

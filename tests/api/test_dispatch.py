@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import halide_ad as hd
-from halide_ad import api
+from halide_ad import api, ops, tiered
 from halide_ad.runtime import parallel
 
 TRACES: list = []  # one entry per trace of `axpy`: its body runs only while tracing
@@ -78,6 +78,51 @@ class Subclass(np.ndarray):
     pass
 
 
+@hd.func
+def parts(x, s, *, w):
+    """A dict with a 0-d entry, an array keyword and a 0-d input: what a direct call rebuilds."""
+    return {"scaled": x * s + w, "total": hd.sum(x) * s}
+
+
+@hd.func
+def product(a, b):
+    """A BLAS contraction (from 16 x 16 up): a step that a direct call hands its buffers by name."""
+    return ops.matmul(a, b)
+
+
+def _direct(fn, *args, **kwargs):
+    """The call's direct function, after enough calls to have made it (the first may run on the
+    interpreter tier, whose kernels then settle)."""
+    for _ in range(3):
+        fn(*args, **kwargs)
+        tiered.settle()
+    first = (args[0].shape, args[0].dtype.name)
+    (call,) = [c for c in api.as_function(fn)._calls.values()
+               if (c.traced.program.inputs[0].shape, c.traced.program.inputs[0].dtype) == first]
+    assert call.direct is not None
+    return call.direct
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_direct_call_gives_the_first_calls_results_for_every_layout(rng, dtype):
+    x, w = rng.standard_normal(7).astype(dtype), rng.standard_normal(7).astype(dtype)
+    s = np.array(3.0, dtype)
+    _direct(parts, x, s, w=w)
+    strided = rng.standard_normal(14).astype(dtype)[::2]
+    readonly = x.copy()
+    readonly.flags.writeable = False
+    for a in (x, strided, readonly):
+        out = parts(a, s, w=w)
+        assert set(out) == {"scaled", "total"} and out["total"].shape == () and out["scaled"].dtype == dtype
+        np.testing.assert_allclose(out["scaled"], a * 3 + w, rtol=1e-6)
+        np.testing.assert_allclose(out["total"], a.sum() * 3, rtol=1e-6)
+    first, second = parts(x, s, w=w), parts(x, s, w=w)
+    assert first["scaled"] is not second["scaled"]  # each call's outputs are its own arrays
+    a, b = rng.standard_normal((16, 12)).astype(dtype), rng.standard_normal((12, 16)).astype(dtype)
+    _direct(product, a, b)
+    np.testing.assert_allclose(product(a, np.asfortranarray(b)), a @ b, rtol=1e-5, atol=1e-5)
+
+
 BAD_CALLS = [
     ((np.ones(16),), {}),                                  # too few
     ((np.ones(16), np.ones(16), 1.0, 2.0), {}),            # too many
@@ -134,6 +179,57 @@ def test_value_and_grad_reuses_its_plan_and_checks_new_signatures(rng):
         hd.grad(loss, argnums=([0],))(x, w)
     with pytest.raises(hd.NotDifferentiableError, match=r"needs <lambda> to return one scalar"):
         hd.grad(lambda x: x * 2.0)(x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_direct_value_and_grad_gives_the_first_calls_results(rng, dtype):
+    def loss(x, s, w):
+        return hd.sum(x * w * s) + s
+
+    x, w = rng.standard_normal(9).astype(dtype), rng.standard_normal(9).astype(dtype)
+    s = np.array(2.0, dtype)
+    both, one = hd.value_and_grad(loss, argnums=(1, 0)), hd.value_and_grad(loss, argnums=0)
+    expected = both(x, s, w)
+    for _ in range(3):
+        tiered.settle()
+        value, (gs, gx) = both(x, s, w)
+        assert type(value) is type(expected[0]) and value.dtype == dtype and gs.shape == () and gx.dtype == dtype
+        np.testing.assert_allclose(value, np.sum(x * w * 2) + 2, rtol=1e-5)
+        np.testing.assert_allclose(gs, np.sum(x * w) + 1, rtol=1e-5)
+        np.testing.assert_allclose(gx, 2 * w, rtol=1e-5)
+        value, gx = one(x[::-1], s, w)
+        np.testing.assert_allclose(gx, 2 * w, rtol=1e-5)
+    (call,) = [c for c in api.as_function(loss)._calls.values() if c.traced.program.inputs[0].dtype == dtype.__name__]
+    assert call.gradients[(1, 0)] and call.gradients[(0,)]
+    assert both(x, s, w)[1][1] is not both(x, s, w)[1][1]  # each call's gradients are its own arrays
+
+
+@hd.func
+def gathered(x, idx, s):
+    """A float, an integer (data) and a 0-d argument: the gradients a direct vjp returns."""
+    return hd.compute(idx.shape, lambda i: x[hd.clamp(idx[i], 0, x.shape[0] - 1)] * s)
+
+
+def test_a_direct_vjp_gives_the_first_calls_gradients_and_checks_other_cotangents(rng):
+    x, idx, s = rng.standard_normal(6).astype(np.float32), np.array([0, 5, 5, 2]), np.array(2.0, np.float32)
+    ct = rng.standard_normal(4).astype(np.float32)
+    expected_gx = np.zeros(6, np.float32)
+    np.add.at(expected_gx, idx, 2 * ct)
+    _, f_vjp = hd.vjp(gathered, x, idx, s)
+    for _ in range(3):
+        f_vjp(ct)
+        tiered.settle()
+        _, f_vjp = hd.vjp(gathered, x, idx, s)
+    for cotangent in (ct, ct.astype(np.float64), list(ct), ct):  # the first and last run written out
+        gx, gidx, gs = f_vjp(cotangent)
+        np.testing.assert_allclose(gx, expected_gx, rtol=1e-6)
+        assert gidx is None and gs.shape == () and gx.dtype == np.float32
+        np.testing.assert_allclose(gs, np.dot(x[idx], ct), rtol=1e-5)
+    (call,) = api.as_function(gathered)._calls.values()
+    assert callable(call.traced._written_vjp)
+    assert f_vjp(ct)[0] is not f_vjp(ct)[0]
+    with pytest.raises(hd.ShapeError, match=r"has shape \(3,\); it must be \(4,\)"):
+        f_vjp(ct[:3])
 
 
 def test_value_and_grad_of_a_0d_input_and_vjp_of_a_structured_result(rng):

@@ -290,13 +290,11 @@ def two_dense_layers(x, w1, w2):
     return ops.dense(ops.relu(ops.dense(x, w1)), w2)
 
 
-def test_a_kernel_of_small_products_holds_blas_on_one_thread_once(monkeypatch):
-    """A gradient of small BLAS products (two dense layers': three products) holds BLAS on the
-    calling thread once for the whole kernel, not once per product, and gets numpy's values."""
-    if not parallel._blas_libraries():
-        pytest.skip("threadpoolctl finds no BLAS library")
+def _dense_gradient_switches(monkeypatch, x_shape, w1_shape, w2_shape) -> list[int]:
+    """The BLAS thread counts set while two dense layers' compiled gradient runs, its values
+    checked against numpy's."""
     rng = np.random.default_rng(2)
-    x, w1, w2 = rng.standard_normal((8, 32)), rng.standard_normal((16, 32)), rng.standard_normal((4, 16))
+    x, w1, w2 = (rng.standard_normal(s) for s in (x_shape, w1_shape, w2_shape))
     out, vjp_fn = hd.vjp(two_dense_layers, x, w1, w2)
     ct = rng.standard_normal(out.shape)
     vjp_fn(ct)  # compiled
@@ -304,8 +302,27 @@ def test_a_kernel_of_small_products_holds_blas_on_one_thread_once(monkeypatch):
     libraries = [(get, lambda n, set_=set_: switches.append(n) or set_(n)) for get, set_ in parallel._blas_libraries()]
     monkeypatch.setattr(parallel, "_blas_libraries", lambda: libraries)
     gx, gw1, gw2 = vjp_fn(ct)
-    assert switches[:len(libraries)] == [1] * len(libraries) and len(switches) == 2 * len(libraries), switches
     h = np.maximum(x @ w1.T, 0)
     np.testing.assert_allclose(gw2, ct.T @ h, rtol=1e-10)
     np.testing.assert_allclose(gw1, ((ct @ w2) * (h > 0)).T @ x, rtol=1e-10)
     np.testing.assert_allclose(gx, ((ct @ w2) * (h > 0)) @ w1, rtol=1e-10)
+    return switches
+
+
+def test_a_kernel_of_small_products_holds_blas_on_one_thread_once(monkeypatch):
+    """A gradient of small BLAS products (two dense layers': three products, one of 64 x 128 x
+    64 multiply-adds, past OpenBLAS's own one-thread bound) holds BLAS on the calling thread
+    once for the whole kernel, not once per product."""
+    if not parallel._blas_libraries():
+        pytest.skip("threadpoolctl finds no BLAS library")
+    switches = _dense_gradient_switches(monkeypatch, (64, 128), (64, 128), (4, 64))
+    n = len(parallel._blas_libraries())
+    assert switches[:n] == [1] * n and len(switches) == 2 * n, switches
+
+
+def test_products_that_openblas_keeps_on_the_calling_thread_switch_nothing(monkeypatch):
+    """A gradient whose products are all within OPENBLAS_ONE_THREAD leaves BLAS's thread count
+    alone: OpenBLAS runs them on the calling thread by itself."""
+    if not parallel._openblas_only():
+        pytest.skip("BLAS here is not OpenBLAS")
+    assert _dense_gradient_switches(monkeypatch, (8, 32), (16, 32), (4, 16)) == []
