@@ -35,3 +35,10 @@ def unshared_traces():
     keep kernels compiled under another test's settings)."""
     from halide_ad.api import forget_shared_traces
     forget_shared_traces()
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one process per core, at most 4. Each process imports
+    torch, jax and numba and holds its own compiled kernels; more would mostly duplicate compiles."""
+    workers = min(len(os.sched_getaffinity(0)), 4)
+    return workers if workers > 1 else 0
