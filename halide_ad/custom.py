@@ -3,7 +3,9 @@
 
 Both become, for reverse mode, an `ir.Override`: the Funcs the call made get no adjoint
 contributions of their own; each differentiable argument's contribution is a cotangent traced
-against the adjoint of each output (`adj_<out>`), written out in place.
+against the adjoint of each output (`adj_<out>`), written out in place. What that trace computes
+from the forward pass alone (a rule's factors) joins the program as Funcs, with the custom rules
+it calls.
 
 custom_vjp. `f(x)` runs `fwd(x)`; the cotangents are what `bwd(residuals, adj_<out>)` returns.
 
@@ -108,9 +110,9 @@ class custom_jvp(_Custom):
         start = len(state.funcs)
         leaves, rebuild = flatten(self.fn(*args), f"the result of {self.fn.__name__}")
         outputs = [compute(p.shape, lambda *i, p=p: p[i], name=f"{p.name}_custom") for p in leaves]
-        self._override(state, start, args, outputs, lambda adjoints: self._transpose(args, leaves, adjoints))
         call = CustomJvpCall(self, args, tuple(leaves), tuple(o.name for o in outputs))
         state.custom_jvps.update({f.name: call for f in state.funcs[start:]})
+        self._override(state, start, args, outputs, lambda adjoints: self._transpose(args, leaves, adjoints))
         return rebuild([Tensor(o.buffer) for o in outputs])
 
     def _transpose(self, args: tuple, leaves: list, cotangents: list) -> tuple:
@@ -198,9 +200,11 @@ class _NoReverseMode(Exception):
 
 
 def _trace_backward(state, outputs, backward) -> tuple[object, dict]:
-    """(backward(the outputs' adjoints), the Funcs it made by name), traced where the cotangent
-    of each output is its adjoint buffer. Its Funcs stay out of the program: the contributions
-    that read them write them out in place."""
+    """(backward(the outputs' adjoints), the Funcs it made that read them, by name), traced where
+    the cotangent of each output is its adjoint buffer. Those Funcs stay out of the program: the
+    contributions that read them write them out in place. The rest, functions of the forward pass
+    (the rule's factors), join the program before the outputs, with the custom rules called in
+    them, so that a derivative of the gradient uses those rules too."""
     sub = TraceState(state.name, root=state.root, captured=state.captured)
     sub.names = set(state.names)
     sub.var_ranges = dict(state.var_ranges)
@@ -212,7 +216,23 @@ def _trace_backward(state, outputs, backward) -> tuple[object, dict]:
         cotangents = backward([Tensor(b) for b in adjoints])
     state.names |= sub.names
     state.inputs += [b for b in sub.inputs if b.name not in known]  # arrays bwd captured
-    return cotangents, {f.name: f for f in sub.funcs}
+    backward_only = {b.name for b in adjoints}
+    for f in sub.funcs:
+        if _reads(f) & backward_only:
+            backward_only.add(f.name)
+    forward = [f for f in sub.funcs if f.name not in backward_only]
+    at = len(state.funcs) - len(outputs)
+    state.funcs[at:at] = forward
+    names = {f.name for f in forward}
+    state.overrides += [o for o in sub.overrides if set(o.region) <= names]
+    state.custom_jvps.update({name: call for name, call in sub.custom_jvps.items() if name in names})
+    return cotangents, {f.name: f for f in sub.funcs if f.name in backward_only}
+
+
+def _reads(f) -> set[str]:
+    exprs = [f.body] if isinstance(f, ir.Func) else [f.value, *f.index, *([f.where] if f.where is not None else [])]
+    return {n.buffer for e in exprs for n in walk(e) if isinstance(n, Load)} | (
+        {f.prev} if isinstance(f, ir.Update) else set())
 
 
 def _contribution(arg, ct, funcs: dict, state) -> Scatter:

@@ -127,3 +127,37 @@ def test_inf_and_nan_inputs_stay_where_they_are(rng):
     g = hd.grad(lambda x: hd.sum(softplus(x)))(x)
     np.testing.assert_allclose(g[[0, 2]], sigmoid(x[[0, 2]]), rtol=1e-14)
     assert g[1] == 1.0 and np.isnan(g[3])
+
+
+@hd.custom_jvp
+def square(x):
+    return hd.compute(x.shape, lambda i: x[i] * x[i])
+
+
+@square.defjvp
+def square_jvp(primals, tangents):  # 3x where 2x is true: the rule's use is visible
+    (x,), (t,) = primals, tangents
+    return square(x), hd.compute(x.shape, lambda i: 3.0 * x[i] * t[i])
+
+
+@hd.custom_jvp
+def cube(x):
+    return hd.compute(x.shape, lambda i: x[i] * x[i] * x[i] / 3.0)
+
+
+@cube.defjvp
+def cube_jvp(primals, tangents):  # its factor comes from another custom_jvp function
+    (x,), (t,) = primals, tangents
+    s = square(x)
+    return cube(x), hd.compute(x.shape, lambda i: s[i] * t[i])
+
+
+def test_a_rule_that_calls_another_custom_function_uses_that_ones_rule_at_every_order(rng):
+    """cube's gradient is square(x); its second and third derivatives are square's rule, 3x and 3,
+    as JAX gives them, not the 2x and 2 of differentiating square's body."""
+    x = rng.standard_normal(5)
+    derivative = lambda x: cube(x)  # noqa: E731
+    for k, want in enumerate([x * x, 3 * x, np.full(5, 3.0)]):
+        derivative = (lambda d: lambda x: hd.grad(lambda y: hd.sum(d(y)))(x))(derivative)
+        np.testing.assert_allclose(derivative(x), want, rtol=1e-12, err_msg=f"order {k + 1}")
+    np.testing.assert_allclose(hd.jvp(hd.grad(lambda y: hd.sum(cube(y))), (x,), (np.ones(5),))[1], 3 * x, rtol=1e-12)
