@@ -161,3 +161,21 @@ def test_a_rule_that_calls_another_custom_function_uses_that_ones_rule_at_every_
         derivative = (lambda d: lambda x: hd.grad(lambda y: hd.sum(d(y)))(x))(derivative)
         np.testing.assert_allclose(derivative(x), want, rtol=1e-12, err_msg=f"order {k + 1}")
     np.testing.assert_allclose(hd.jvp(hd.grad(lambda y: hd.sum(cube(y))), (x,), (np.ones(5),))[1], 3 * x, rtol=1e-12)
+
+
+@jax.custom_jvp
+def jax_softplus(x):
+    return jnp.log1p(jnp.exp(x))
+
+
+jax_softplus.defjvp(lambda p, t: (jax_softplus(p[0]), jax.nn.sigmoid(p[0]) * t[0]))
+
+
+def test_hessian_vector_products_through_two_rules_match_jax_both_ways(rng):
+    """Forward over reverse through softplus then blur: the gradient reads the rules' factors,
+    whose tangents forward mode takes like any Func's."""
+    x, w, v = rng.standard_normal(7), rng.standard_normal(3), rng.standard_normal(7)
+    loss = lambda x: energy(softplus(x), w)  # noqa: E731
+    expected = jax.jvp(jax.grad(lambda x: jax_energy(jax_softplus(x), w)), (x,), (v,))[1]
+    np.testing.assert_allclose(hd.jvp(hd.grad(loss), (x,), (v,))[1], expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(hd.grad(lambda x: hd.sum(hd.grad(loss)(x) * v))(x), expected, rtol=1e-10, atol=1e-12)
