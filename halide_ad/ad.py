@@ -155,7 +155,7 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
     """The adjoint of every buffer that needs one, outputs first (reverse topological order)."""
     program, _ = clamps_into_extrema(program)
     needs = differentiable_buffers(program, wrt)
-    # a custom_vjp's rule replaces the contributions of the Funcs it made (halide_ad/custom.py)
+    # a custom rule replaces the contributions of the Funcs it made (halide_ad/custom.py)
     overridden = {name for o in program.overrides for name in o.region}
     needs -= overridden - {name for o in program.overrides for name in o.outputs}
     contributions: dict[str, list[Scatter]] = {b: [] for b in needs}
@@ -174,6 +174,8 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
             contributions.setdefault(s.buffer, []).append(s)
     for o in program.overrides:
         if needs & set(o.outputs):
+            if o.refused:
+                raise NotDifferentiableError(o.refused)
             for s in o.scatters:
                 if s.buffer in needs:
                     contributions.setdefault(s.buffer, []).append(s)

@@ -425,7 +425,7 @@ def _copy(t: Tensor) -> Tensor:
 
 
 def _live_funcs(funcs: list[ir.Func], outputs: list[str], overrides=()) -> tuple[ir.Func, ...]:
-    """The Funcs that an output reads, or a custom_vjp rule (`overrides`) of one."""
+    """The Funcs that an output reads, or a custom rule's reverse mode (`overrides`) of one."""
     rules = {name: o for o in overrides for name in o.outputs}
     live = set(outputs)
     for f in reversed(funcs):

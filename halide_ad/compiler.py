@@ -88,6 +88,8 @@ def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
 def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Program, tuple[str, ...]]:
     """`program` with its Funcs inlined and split as the forward kernels compute them, and the
     scratch buffers of the split reductions."""
+    if not for_gradients:  # a plain call skips what only a gradient reads (a custom rule's factors)
+        program = replace(program, funcs=_read_by_outputs(program))
     funcs, scratch, taken = [], [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
     stored_shapes = _shapes(program)
     is_contraction = lambda f: _func_contraction(f, stored_shapes) is not None  # noqa: E731
@@ -100,6 +102,15 @@ def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Progr
             taken.add(parts[0].name)
         funcs += parts or [f]
     return replace(program, funcs=tuple(funcs)), tuple(scratch)
+
+
+def _read_by_outputs(program: Program) -> tuple:
+    """The Funcs that an output reads: not those that only a custom rule's reverse mode reads."""
+    live = set(program.outputs)
+    for f in reversed(program.funcs):
+        if f.name in live:
+            live.update(n.buffer for n in walk(f.body) if isinstance(n, Load))
+    return tuple(f for f in program.funcs if f.name in live)
 
 
 def engine_choices(program: Program, *wrts: tuple[str, ...]) -> dict[tuple[str, str], str]:

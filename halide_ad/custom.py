@@ -1,22 +1,21 @@
 """Custom derivative rules: `@hd.custom_jvp` with `.defjvp(rule)`, `@hd.custom_vjp` with
 `.defvjp(fwd, bwd)`. Each rule is traced into the program that calls the function.
 
-custom_jvp. Forward mode (halide_ad/forward.py) calls the rule on the tangents, at every order. For
-reverse mode, `f(x)` is traced as
+Both become, for reverse mode, an `ir.Override`: the Funcs the call made get no adjoint
+contributions of their own; each differentiable argument's contribution is a cotangent traced
+against the adjoint of each output (`adj_<out>`), written out in place. What that trace computes
+from the forward pass alone (a rule's factors) joins the program as Funcs, with the custom rules
+it calls.
 
-    out = stop_gradient(fn(x)) + t_out,    (_, t_out) = rule((m,), (x - stop_gradient(x),))
-    with m = (x + stop_gradient(x)) / 2
+custom_vjp. `f(x)` runs `fwd(x)`; the cotangents are what `bwd(residuals, adj_<out>)` returns.
 
-The tangent given to the rule is 0 in value with derivative 1 in x, so `out` has fn's value (the
-rule's tangent is linear, so t_out is 0) and its gradient is the rule's transpose: reverse mode of
-the rule with respect to its tangents (JAX's linearize-then-transpose). The primal m, x in value
-and 1/2 in derivative, makes the second derivative exact too: with m = x, the rule's dependence
-on its primal would be counted twice. (Third and higher reverse-mode derivatives through the rule
-are not exact.) Caveat: an input that is inf or nan makes t_out nan.
-
-custom_vjp. Called while tracing, `f(x)` runs `fwd(x)`; `bwd` is traced against the cotangent
-of each output (`adj_<out>`), and its results become the inputs' adjoint contributions
-(`ir.Override`), in place of reverse mode's own for the Funcs that fwd made.
+custom_jvp. `f(x)` runs `fn(x)`. Forward mode (halide_ad/forward.py) calls the rule on the
+tangents. Reverse mode transposes it (JAX's linearize-then-transpose): the cotangents are the
+reverse mode, taken while tracing (halide_ad/retrace.py), of `t -> rule((x,), (t,))[1]` with
+respect to t at t = 0, seeded with `adj_<out>`. The rule is linear in t, so that is its transpose;
+it reads the real x, so a derivative of the gradient differentiates the rule's dependence on x as
+any program's, and every order is exact. A transpose with no form as gathers (the rule reads its
+tangent at a data-dependent index) leaves the call with no reverse mode: `Override.refused`.
 """
 from __future__ import annotations
 
@@ -27,13 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from halide_ad import ir
+from halide_ad import ir, retrace
 from halide_ad.api import as_function
 from halide_ad.trees import flatten
 from halide_ad.errors import DTypeError, NotDifferentiableError, ShapeError, TraceError, user_loc
-from halide_ad.functions import stop_gradient
 from halide_ad.ir import Bin, Call, Cast, Expr, Load, Op, Range, Reduce, Scatter, Select
-from halide_ad.tensor import BoundaryView, Tensor, captured, compute
+from halide_ad.tensor import BoundaryView, Tensor, captured, compute, full
 from halide_ad.trace import TraceState, current, require, tracing
 from halide_ad.traverse import children, is_zero, substitute, walk
 
@@ -74,6 +72,24 @@ class _Custom:
             raise TraceError(f"{rule} of the {self.what} returned a {shown}; it must return a tuple of "
                              f"{count}", user_loc())
 
+    def _override(self, state, start: int, args: tuple, outputs: list, backward) -> None:
+        """Reverse mode of this call: the Funcs made since `start` get no contributions of their
+        own; each differentiable argument's is its cotangent in `backward(adjoints)`, traced where
+        each output's cotangent is its adjoint buffer (one Tensor per output)."""
+        region, names = tuple(f.name for f in state.funcs[start:]), tuple(o.name for o in outputs)
+        try:
+            cotangents, funcs = _trace_backward(state, outputs, backward)
+        except _NoReverseMode as e:  # forward mode keeps the rule; reverse mode raises this if it comes
+            state.overrides.append(ir.Override(self.what, region, names, (), refused=str(e.args[0])))
+            return
+        scatters = []
+        for k, (a, ct) in enumerate(zip(args, cotangents, strict=True)):
+            if ct is None or not _differentiable(a):
+                continue
+            ct = _check_like(f"cotangent {k} returned by bwd of the {self.what}", ct, a)
+            scatters.append(_contribution(a, ct, funcs, state))
+        state.overrides.append(ir.Override(self.what, region, names, tuple(scatters)))
+
 
 class custom_jvp(_Custom):
     """`fn` with a forward-mode rule `rule(primals, tangents) -> (out, tangent_out)`, linear in
@@ -93,17 +109,37 @@ class custom_jvp(_Custom):
         state = require(self.what)
         start = len(state.funcs)
         leaves, rebuild = flatten(self.fn(*args), f"the result of {self.fn.__name__}")
-        tangents = tuple(compute(a.shape, lambda *i, a=a: a[i] - stop_gradient(a[i]), name=f"{a.name}_t")
-                         if _differentiable(a) else None for a in args)
-        middles = tuple(compute(a.shape, lambda *i, a=a: (a[i] + stop_gradient(a[i])) * 0.5, name=f"{a.name}_m")
-                        if _differentiable(a) else a for a in args)
-        t_leaves = self.tangents(middles, tangents, leaves)
-        _check_linear(state.funcs[start:], {t.name for t in tangents if t is not None}, self.what)
-        out = [compute(p.shape, lambda *i, p=p, t=t: stop_gradient(p[i]) + t[i], name=f"{p.name}_custom")
-               for p, t in zip(leaves, t_leaves, strict=True)]
-        call = CustomJvpCall(self, args, tuple(leaves), tuple(o.name for o in out))
+        outputs = [compute(p.shape, lambda *i, p=p: p[i], name=f"{p.name}_custom") for p in leaves]
+        call = CustomJvpCall(self, args, tuple(leaves), tuple(o.name for o in outputs))
         state.custom_jvps.update({f.name: call for f in state.funcs[start:]})
-        return rebuild([Tensor(o.buffer) for o in out])
+        self._override(state, start, args, outputs, lambda adjoints: self._transpose(args, leaves, adjoints))
+        return rebuild([Tensor(o.buffer) for o in outputs])
+
+    def _transpose(self, args: tuple, leaves: list, cotangents: list) -> tuple:
+        """The rule's tangent map at `args`, transposed and applied to `cotangents` (one per
+        output): one cotangent per argument, None where it is not differentiable. Reverse mode of
+        a map linear in t is its transpose at any t; it is taken at t = 0."""
+        diff = [k for k, a in enumerate(args) if _differentiable(a)]
+
+        def tangent_map(*ts):
+            begin = len(current().funcs)
+            given = dict(zip(diff, ts, strict=True))
+            t_leaves = self.tangents(args, tuple(given.get(k) for k in range(len(args))), leaves)
+            _check_linear(current().funcs[begin:], {t.name for t in ts}, self.what)
+            return t_leaves
+
+        zeros = tuple(full(args[k].shape, 0, args[k].buffer.dtype, name=f"{args[k].name}_t") for k in diff)
+        _, pullback = retrace.vjp(tangent_map, zeros, {})
+        try:
+            grads = dict(zip(diff, pullback(cotangents), strict=True))
+        except NotDifferentiableError as e:
+            where = f" (at {e.loc})" if e.loc else ""
+            raise _NoReverseMode(NotDifferentiableError(
+                f"no reverse mode through the {self.what}: reverse mode uses the transpose of its rule, "
+                f"written as gathers, and the rule reads its tangents through an index{where} that cannot "
+                "be inverted into one (data-dependent). Forward mode (hd.jvp) uses the rule as it is; for "
+                "gradients, drop the custom rule or read the tangents at affine indices", user_loc())) from None
+        return tuple(grads.get(k) for k in range(len(args)))
 
     def tangents(self, primals: tuple, tangents: tuple, outputs: list) -> list:
         """The leaves of the rule's tangent, checked against the `outputs` they belong to."""
@@ -149,23 +185,26 @@ class custom_vjp(_Custom):
         out, residuals = result
         leaves, rebuild = flatten(out, f"the output that fwd of the {self.what} returns")
         outputs = [compute(p.shape, lambda *i, p=p: p[i], name=f"{p.name}_custom") for p in leaves]
-        cotangents, bwd_funcs = _trace_bwd(self, state, residuals, rebuild, outputs)
-        self._check_returns("bwd", cotangents, len(args))
-        scatters = []
-        for k, (a, ct) in enumerate(zip(args, cotangents, strict=True)):
-            if ct is None or not _differentiable(a):
-                continue
-            ct = _check_like(f"cotangent {k} returned by bwd of the {self.what}", ct, a)
-            scatters.append(_contribution(a, ct, bwd_funcs, state))
-        state.overrides.append(ir.Override(self.what, tuple(f.name for f in state.funcs[start:]),
-                                           tuple(o.name for o in outputs), tuple(scatters)))
+
+        def backward(adjoints):
+            cotangents = self._rule(self.bwd, residuals, rebuild(adjoints))
+            self._check_returns("bwd", cotangents, len(args))
+            return cotangents
+
+        self._override(state, start, args, outputs, backward)
         return rebuild([Tensor(o.buffer) for o in outputs])
 
 
-def _trace_bwd(self: custom_vjp, state, residuals, rebuild, outputs) -> tuple[object, dict]:
-    """(bwd(residuals, cotangents), the Funcs it made by name), traced where the cotangent of
-    each output is its adjoint buffer. Its Funcs stay out of the program: the contributions that
-    read them write them out in place."""
+class _NoReverseMode(Exception):
+    """A custom rule with no reverse mode: args[0] is the error that reverse mode raises."""
+
+
+def _trace_backward(state, outputs, backward) -> tuple[object, dict]:
+    """(backward(the outputs' adjoints), the Funcs it made that read them, by name), traced where
+    the cotangent of each output is its adjoint buffer. Those Funcs stay out of the program: the
+    contributions that read them write them out in place. The rest, functions of the forward pass
+    (the rule's factors), join the program before the outputs, with the custom rules called in
+    them, so that a derivative of the gradient uses those rules too."""
     sub = TraceState(state.name, root=state.root, captured=state.captured)
     sub.names = set(state.names)
     sub.var_ranges = dict(state.var_ranges)
@@ -174,10 +213,26 @@ def _trace_bwd(self: custom_vjp, state, residuals, rebuild, outputs) -> tuple[ob
     sub.inputs += adjoints
     known = {b.name for b in sub.inputs}
     with tracing(sub):
-        cotangents = self._rule(self.bwd, residuals, rebuild([Tensor(b) for b in adjoints]))
+        cotangents = backward([Tensor(b) for b in adjoints])
     state.names |= sub.names
     state.inputs += [b for b in sub.inputs if b.name not in known]  # arrays bwd captured
-    return cotangents, {f.name: f for f in sub.funcs}
+    backward_only = {b.name for b in adjoints}
+    for f in sub.funcs:
+        if _reads(f) & backward_only:
+            backward_only.add(f.name)
+    forward = [f for f in sub.funcs if f.name not in backward_only]
+    at = len(state.funcs) - len(outputs)
+    state.funcs[at:at] = forward
+    names = {f.name for f in forward}
+    state.overrides += [o for o in sub.overrides if set(o.region) <= names]
+    state.custom_jvps.update({name: call for name, call in sub.custom_jvps.items() if name in names})
+    return cotangents, {f.name: f for f in sub.funcs if f.name in backward_only}
+
+
+def _reads(f) -> set[str]:
+    exprs = [f.body] if isinstance(f, ir.Func) else [f.value, *f.index, *([f.where] if f.where is not None else [])]
+    return {n.buffer for e in exprs for n in walk(e) if isinstance(n, Load)} | (
+        {f.prev} if isinstance(f, ir.Update) else set())
 
 
 def _contribution(arg, ct, funcs: dict, state) -> Scatter:

@@ -296,8 +296,8 @@ def _sum(parts: list) -> Expr | None:
 
 def jacfwd(fn, argnums=0):
     """A function returning the Jacobian of `fn`, shape out.shape + in.shape, as jax.jacfwd: one
-    `jvp` per element of the input, along each basis vector in turn. Every call runs the same
-    compiled program (only the tangent's values change), so it suits small inputs."""
+    `jvp` per element of the input, along each basis vector in turn. Every column runs the same
+    compiled program, looked up once (only the tangent's values change), so it suits small inputs."""
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
 
@@ -309,7 +309,8 @@ def jacfwd(fn, argnums=0):
             if not _is_float_array(args[k]):
                 raise NotDifferentiableError(f"hd.jacfwd: argument {k} is not a float32 or float64 array; "
                                              "only those have derivatives")
-        tangents = [None] * len(args)
+        positions = tuple(k for k, a in enumerate(args) if _is_float_array(a))
+        program = as_function(_program_of(fn, len(args), positions))
         jacobians, out = [], None
         for k in nums:
             x = args[k]
@@ -317,10 +318,9 @@ def jacfwd(fn, argnums=0):
             for j in range(x.size):
                 basis = np.zeros(x.size, x.dtype)
                 basis[j] = 1
-                tangents[k] = basis.reshape(x.shape)
-                out, tangent_out = jvp(fn, tuple(args), tuple(tangents))
+                tangents = [basis.reshape(x.shape) if p == k else np.zeros_like(args[p]) for p in positions]
+                out, tangent_out = program(*args, *tangents)
                 columns.append(flatten_values(tangent_out))
-            tangents[k] = None
             outs = flatten_values(out)
             jacobians.append(restructure(out, [np.stack([c[m] for c in columns], axis=-1).reshape(o.shape + x.shape)
                                                 for m, o in enumerate(outs)]))

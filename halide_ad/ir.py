@@ -297,7 +297,7 @@ class Program:
     inputs: tuple[Buffer, ...]
     funcs: tuple[Func | Update, ...]  # stages in order; Updates only from update definitions
     outputs: tuple[str, ...]
-    overrides: tuple[Override, ...] = ()  # custom_vjp rules, for reverse mode
+    overrides: tuple[Override, ...] = ()  # custom rules, for reverse mode
 
     def buffer(self, name: str) -> Buffer:
         for b in self.inputs:
@@ -453,10 +453,11 @@ class Adjoint:
 
 @dataclass(frozen=True, slots=True)
 class Override:
-    """A custom_vjp rule (halide_ad/custom.py): reverse mode gives the Funcs of `region` no
-    contributions of their own; their inputs' adjoints are `scatters`, which read the adjoints of
-    `outputs` (the region's Funcs that the rest of the program reads)."""
+    """A custom rule's reverse mode (halide_ad/custom.py): reverse mode gives the Funcs of `region`
+    no contributions of their own; their inputs' adjoints are `scatters`, which read the adjoints
+    of `outputs` (the region's Funcs that the rest of the program reads)."""
     what: str  # the function, as errors name it
     region: tuple[str, ...]
     outputs: tuple[str, ...]
     scatters: tuple[Scatter, ...]
+    refused: str = ""  # why the rule has no reverse mode, raised when reverse mode reaches it

@@ -74,7 +74,7 @@ class _Traced:
         self.outputs = [Tensor(state.buffer(o)) for o in outputs]
         funcs = tuple(state.funcs[start:])
         defined = {f.name for f in funcs}
-        # custom_vjp rules called within fn hold for this gradient too (halide_ad/custom.py)
+        # custom rules called within fn hold for this gradient too (halide_ad/custom.py)
         overrides = tuple(o for o in state.overrides if set(o.region) <= defined)
         adjoints = {ir.adjoint_name(name) for o in overrides for name in o.outputs}
         read = dict.fromkeys(n.buffer for f in funcs for n in walk(f.body) if isinstance(n, Load))

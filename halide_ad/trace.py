@@ -28,7 +28,7 @@ class TraceState:
     counter: itertools.count = field(default_factory=itertools.count)
     root: object = None  # the function being traced, where captured arrays are looked for
     captured: dict = field(default_factory=dict)  # id(array) -> its record (halide_ad/capture.py)
-    overrides: list[ir.Override] = field(default_factory=list)  # custom_vjp rules (halide_ad/custom.py)
+    overrides: list[ir.Override] = field(default_factory=list)  # custom rules (halide_ad/custom.py)
     custom_jvps: dict = field(default_factory=dict)  # output Func -> its custom_jvp call (custom.py)
 
     def fresh_name(self, base: str, loop_var: bool = False) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 
-from halide_ad.ir import Bin, Expr, Load, Var
+from halide_ad.ir import Bin, Expr, Load, Reduce, Var
 from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.traverse import walk
 
@@ -19,14 +19,16 @@ def hoist_loads(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, t
                 written: str) -> tuple[list[Bin], list[Load]]:
     """(the indices computed once, the loads read once) for an iteration of a loop nest over
     `ranges` (inclusive, per loop variable) running `gathers`: every load of their pieces that
-    depends only on the loop variables (none of a piece's window), reads a buffer other than
-    the one `written`, and is in range for all of them (`shapes`), so that reading it even
-    where a guard fails is safe; and the compound indices that two or more of those share."""
+    depends only on the loop variables (none of a piece's window, nor of a reduction nested in
+    it), reads a buffer other than the one `written`, and is in range for all of them (`shapes`),
+    so that reading it even where a guard fails is safe; and the compound indices that two or
+    more of those share."""
     chosen: dict[Load, None] = {}
     for g in gathers:
         for piece in g.pieces:
-            inner = {r.var for r in piece.loops}
             for e in [piece.value, *(c for level in piece.guards for c in level)]:
+                inner = {r.var for r in piece.loops} | {r.var for n in walk(e) if isinstance(n, Reduce)
+                                                        for r in n.rvars}
                 for n in walk(e):
                     if (isinstance(n, Load) and n not in chosen and n.buffer != written and n.index
                             and not any(isinstance(m, Var) and m in inner for i in n.index for m in walk(i))

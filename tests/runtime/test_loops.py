@@ -329,6 +329,21 @@ def test_funcs_named_like_generated_locals(dtype):
         hd.check_grad(_stages_named_like_locals, x)
 
 
+
+@hd.func
+def _edge_and_clamped_window(x):
+    r = hd.rdom(3)
+    return hd.compute(x.shape, lambda j: hd.where(j == 0, x[0], 0.0) + hd.sum(x[hd.clamp(j + r - 1, 0, 6)] * r))
+
+
+def test_a_load_in_a_reduction_of_a_boundary_region_is_not_hoisted_out_of_it():
+    """The region j = 0 hoists its loads; the window's load reads a clamped, so in-range, index
+    of the reduction's variable, which is not defined outside the reduction's loop."""
+    x = np.arange(7.0) ** 2
+    xp = np.pad(x, 1, mode="edge")
+    np.testing.assert_allclose(_edge_and_clamped_window(x),
+                               np.where(np.arange(7) == 0, x[0], 0) + xp[1:-1] + 2 * xp[2:], rtol=1e-14)
+
 def _long_row_sums(x):
     return hd.compute((x.shape[0],), lambda t: hd.sum(x[t, hd.rdom(x.shape[1])]), name="row_sums")
 

@@ -251,18 +251,21 @@ def test_several_outputs_and_a_static_argument(rng):
     np.testing.assert_allclose(g, 2 * c0 + 3 * c1)
 
 
-def test_the_reverse_mode_form_has_exact_second_derivatives(rng):
-    """custom_jvp's form for reverse mode, stop_gradient(f(x)) + rule(m, x - stop_gradient(x)), written
-    out by hand: with m the midpoint (x + stop_gradient(x)) / 2 its second derivative is f''; with
-    m = x it counts the rule's dependence on x twice."""
-    def form(middle):
-        def f(x):
-            sg = hd.stop_gradient
-            return hd.compute(x.shape, lambda i: sg(hd.log1p(hd.exp(x[i])))
-                              + hd.sigmoid(middle(x[i], sg(x[i]))) * (x[i] - sg(x[i])))
-        return f
+@hd.custom_jvp
+def take(x, idx):
+    return hd.compute(idx.shape, lambda i: x[idx[i]] * 2.0)
 
-    x = rng.standard_normal(4)
-    assert hd.check_grad(form(lambda a, s: (a + s) * 0.5), x, order=2) < 1e-6
-    with pytest.raises(AssertionError, match="of the derivative"):
-        hd.check_grad(form(lambda a, s: a), x, modes=("fwd",), order=2)
+
+@take.defjvp
+def take_jvp(primals, tangents):
+    (x, idx), (t, _) = primals, tangents
+    return take(x, idx), hd.compute(idx.shape, lambda i: t[idx[i]] * 2.0)
+
+
+def test_a_rule_with_no_transpose_as_gathers_works_forward_and_is_refused_in_reverse_mode():
+    """The transpose of `t[idx[i]]` scatters to data-dependent places, so it has no form as gathers."""
+    x, idx = np.arange(4.0), np.array([0, 2, 2, 3])
+    np.testing.assert_array_equal(hd.jvp(lambda x: take(x, idx), (x,), (np.arange(4.0),))[1], 2 * x[idx])
+    with pytest.raises(hd.NotDifferentiableError, match="no reverse mode through the custom_jvp function take: "
+                                                        ".*drop the custom rule or read the tangents at affine"):
+        hd.grad(lambda x: hd.sum(take(x, idx)))(x)
