@@ -7,6 +7,7 @@ import numpy as np
 
 import halide_ad as hd
 from halide_ad.ad import reverse_mode
+from halide_ad.compiler import compile_forward
 from halide_ad.ir import Const, Load, Update
 from halide_ad.runtime import emit, lower_updates
 from halide_ad.runtime.emit import Emitter
@@ -97,6 +98,16 @@ def test_a_taped_update_records_what_each_point_overwrites_before_it_writes():
     assert u.taped
     stores = [n for n in walk(nest) if isinstance(n, Store)]
     assert [s.buffer for s in stores] == [u.name, f"{u.name}_tape", u.name]  # the copy, the tape, the write
+
+
+def test_a_plain_call_records_no_tape():
+    """Only the forward that a gradient follows writes the tape; a plain call's kernel has none."""
+    traced = _traced(P.horner, X[:3], X)
+    tape = f"{_update(P.horner, X[:3], X).name}_tape"
+    assert tape in [b.name for b in compile_forward(traced.program).scratch]
+    plain = compile_forward(traced.program, for_gradients=False)
+    assert tape not in [b.name for b in plain.scratch] and "_tape" not in plain.source
+    np.testing.assert_allclose(P.horner(X[:3], X), np.polyval(X[:3], X), rtol=1e-12)
 
 
 def test_a_scans_adjoint_runs_its_rdom_in_reverse():
