@@ -78,6 +78,18 @@ def test_rung_3_sums_fixed_partitions_into_bins_then_adds_them_in_partition_orde
     assert loops(total)[1].hi == PARTITIONS
 
 
+def test_rung_3_at_each_row_of_a_per_row_histogram_and_rung_4_from_partitions_rows_on():
+    w = np.linspace(0, 1, 4 * 40).reshape(4, 40)
+    u, rung, nest = _forward(P.row_hist, np.arange(4 * 40).reshape(4, 40) % 3, w)
+    assert rung == 3
+    copy, partitions, total = nest.body
+    assert [k for _, k in _kinds(partitions)] == [Kind.PARALLEL] + [Kind.SERIAL] * 4  # zero, the row, the points
+    assert _kinds(partitions)[3][0] == u.pure[0].var.name
+    rows = np.arange(PARTITIONS * 40).reshape(PARTITIONS, 40)  # enough rows to keep the threads busy
+    u, rung, nest = _forward(P.row_hist, rows % 3, np.ones(rows.shape))
+    assert rung == 4 and _kinds(nest.body[1])[0] == (u.pure[0].var.name, Kind.PARALLEL)
+
+
 def test_rung_4_is_serial_over_the_rdom_and_parallel_over_the_pure_variable():
     u, rung, nest = _forward(P.iir, np.ones((3, 6)), np.ones((3, 6)))
     assert rung == 4

@@ -84,9 +84,10 @@ def test_bits_do_not_depend_on_thread_count():
     allows 8 (NUMBA_NUM_THREADS may exceed the cores), outputs and gradients hashed."""
     counts = ["1", "2", "3", "8"]
     root = pathlib.Path(__file__).parents[2]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))  # (for tests.updates)
     done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, *counts], capture_output=True, text=True,
                           timeout=600, check=False, cwd=root,
-                          env=os.environ | {"NUMBA_NUM_THREADS": "8", "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))})
+                          env=os.environ | {"NUMBA_NUM_THREADS": "8", "PYTHONPATH": path})
     assert done.returncode == 0, done.stderr[-3000:]
     digests = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(digests) == 10
@@ -135,8 +136,11 @@ def test_two_dimensional_bins_and_per_row_histograms(rng):
     expected = np.zeros((4, 5))
     np.add.at(expected, (i, j), w)
     np.testing.assert_allclose(P.hist2d(i, j, w), expected)
-    idx, w2 = rng.integers(0, 3, (4, 30)), rng.random((4, 30))
-    np.testing.assert_allclose(P.row_hist(idx, w2), np.stack([np.bincount(idx[k], w2[k], 3) for k in range(4)]))
+    for rows in ((4, 30), (3, 70)):  # rung 4 (rows in parallel), rung 3 (partitions of each row)
+        idx, w2 = rng.integers(-1, 4, rows), rng.random(rows)
+        expected = np.stack([np.bincount(np.clip(idx[k], 0, 2), w2[k], 3) for k in range(rows[0])])
+        np.testing.assert_allclose(P.row_hist(idx, w2), expected, rtol=1e-12)
+        np.testing.assert_allclose(_reference(P.row_hist, idx, w2), expected, rtol=1e-12)
 
 
 def test_constant_indices_zero_d_tensors_and_predicates(rng):
