@@ -163,8 +163,10 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
     # A Func that no contribution reaches (read only where nothing is differentiated: a bilateral
     # grid's brightness, only in a floor in the write index) has a zero adjoint: it gets no buffer
     # unless asked for, and gives no contributions, which would read it. Its readers come after it,
-    # so its contributions are all known when the loop reaches it, but for a custom_vjp's rules.
-    filled = set(program.outputs) | {s.buffer for o in program.overrides for s in o.scatters}
+    # so its contributions are all known when the loop reaches it, but for a custom_vjp's rules
+    # (kept as they were: their targets, and their outputs, whose adjoints the rules read).
+    filled = set(program.outputs) | {n for o in program.overrides
+                                     for n in (*o.outputs, *(s.buffer for s in o.scatters))}
     zero = set()
     for f in reversed(program.funcs):
         if f.name not in needs or f.name in overridden:
