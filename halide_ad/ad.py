@@ -160,14 +160,26 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
     needs -= overridden - {name for o in program.overrides for name in o.outputs}
     contributions: dict[str, list[Scatter]] = {b: [] for b in needs}
     scans = {}  # update name -> the ReverseScan that runs it backwards (halide_ad/update_ad.py)
+    # A Func that no contribution reaches (read only where nothing is differentiated: a bilateral
+    # grid's brightness, only in a floor in the write index) has a zero adjoint: it gets no buffer
+    # unless asked for, and gives no contributions, which would read it. Its readers come after it,
+    # so its contributions are all known when the loop reaches it, but for a custom_vjp's rules
+    # (kept as they were: their targets, and their outputs, whose adjoints the rules read).
+    filled = set(program.outputs) | {n for o in program.overrides
+                                     for n in (*o.outputs, *(s.buffer for s in o.scatters))}
+    zero = set()
     for f in reversed(program.funcs):
         if f.name not in needs or f.name in overridden:
+            continue
+        if not contributions.get(f.name) and f.name not in filled:
+            zero.add(f.name)
             continue
         if isinstance(f, Update):
             scatters, scan = update_adjoint(f, needs, _backprop)
             if scan is not None:
                 scans[f.name] = scan
                 needs.add(f.prev)  # the backward run keeps the tensor's adjoint there
+                filled.add(f.prev)
         else:
             scatters = _func_scatters(f, needs)
         for s in scatters:
@@ -179,8 +191,8 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
             for s in o.scatters:
                 if s.buffer in needs:
                     contributions.setdefault(s.buffer, []).append(s)
-    adjoints = []
-    for name in [f.name for f in reversed(program.funcs) if f.name in needs] + [
+    adjoints, zero = [], zero - set(wrt)
+    for name in [f.name for f in reversed(program.funcs) if f.name in needs and f.name not in zero] + [
             b.name for b in program.inputs if b.name in needs]:
         buffer = program.buffer(name)
         adjoints.append(Adjoint(name, buffer.shape, buffer.dtype, name in program.outputs,

@@ -57,8 +57,11 @@ def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
     to one point runs as partial results first (`split_reduction`), in a buffer of the kernel's
     own (`Kernel.scratch`). The forward that a gradient runs after (`for_gradients`) stores every
     Func a gradient reads, which reverse mode finds (`read_by_gradients`); a plain call's forward
-    stores only what the program returns, and runs no reverse mode."""
+    stores only what the program returns, runs no reverse mode, and records no update's tape."""
     if any(isinstance(f, Update) for f in program.funcs):  # update definitions: runtime/updates.py
+        if not for_gradients:  # a tape is read only by a backward run
+            program = replace(program, funcs=tuple(replace(f, taped=False) if isinstance(f, Update) else f
+                                                   for f in program.funcs))
         compile_segment = functools.partial(compile_forward, for_gradients=for_gradients)
         return compile_with_updates(program, compile_segment, read_by_gradients(program) if for_gradients else set())
     program, scratch = _forward_stages(program, for_gradients)

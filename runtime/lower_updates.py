@@ -8,8 +8,8 @@ Each update is a kernel of its own; each nest below is what that kernel runs:
 * rung 2 (`gathered`): each element, in PARALLEL, sums the previous stage's value and the pieces of
   the inverted scatter that write it, as the gradients' gathers do (`lower.gather_piece`);
 * rung 3 (`partitioned`): a fixed number of partitions of the rdom in PARALLEL, each summing into
-  bins of its own (`bins_buffer`), then each element adds the partitions' bins in partition order
-  (a SERIAL loop), so the bits never depend on the thread count;
+  bins of its own (`bins_buffer`) at every pure point, then each element adds the partitions' bins
+  in partition order (a SERIAL loop), so the bits never depend on the thread count;
 * a scan's adjoint (`reverse_scan`): the rdom in REVERSED lexicographic order.
 A write whose index reads data is tested before it is made: out of range, it is skipped and the
 run fails (`Fail`), as data-dependent reads do. A taped update stores what each point overwrites
@@ -116,8 +116,9 @@ def gathered(u: Update, s: Schedule) -> Stmt:
 
 
 def partitioned(u: Update, s: Schedule) -> Block:
-    """Rung 3: partition k of the rdom's points in lexicographic order (a flat position p) sums
-    into bins[k]; then each element adds bins[0], bins[1], ... to the previous stage's value."""
+    """Rung 3: partition k of the rdom's points in lexicographic order (a flat position p), at
+    each pure point, sums into bins[k]; then each element adds bins[0], bins[1], ... to the
+    previous stage's value."""
     op, operand = combine(u)
     bins = bins_buffer(u, s).name
     dims = u.shape or (1,)
@@ -135,9 +136,10 @@ def partitioned(u: Update, s: Schedule) -> Block:
         coords.append(Let(r.var, c if not r.lo else Bin(Op.ADD, Const(r.lo, INDEX_DTYPE), c)))
     into_bins = write(u, lambda at: Accumulate(Load(bins, (k, *(at or (ZERO,))), u.dtype), operand,
                                                augmented=True))  # (a 0-d tensor: its one bin)
+    rows = [(r.var, r.lo, r.hi, Kind.SERIAL) for r in u.pure]  # (a partition's part of every row)
     fill = nest([(k, 0, s.partitions, Kind.PARALLEL)], block(
         nest([(j, 0, n, Kind.SERIAL) for j, n in zip(js, dims, strict=True)], Store(bins, (k, *js), ZERO)),
-        nest([(p, start, stop, Kind.SERIAL)], block(*coords, into_bins))))
+        nest(rows + [(p, start, stop, Kind.SERIAL)], block(*coords, into_bins))))
     acc = Local("acc", u.dtype)
     total = block(Let(acc, Load(u.name, js, u.dtype)),
                   nest([(k, 0, s.partitions, Kind.SERIAL)], Let(acc, Bin(op, acc, Load(bins, (k, *js), u.dtype)))),

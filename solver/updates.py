@@ -7,8 +7,9 @@ the serial order's result.
 2. gather: `t[e(r)] += v(r)` with an affine e whose writes collide (`out[r // 2] += x[r]`), which
    the index inverter turns into a gather, as it does reverse mode's scatters;
 3. partial bins: `t[e(r)] += v(r)` (or -=) where neither e nor v reads t, the writes may collide
-   (a histogram) and t is small next to the rdom: a fixed number of partitions of the rdom each
-   fill bins of their own, summed in partition order, so the bits never depend on the thread count;
+   (a histogram, or a few rows' histograms), and t is small next to the rdom: a fixed number of
+   partitions of the rdom each fill bins of their own, summed in partition order, so the bits never
+   depend on the thread count;
 4. serial: the rdom's points in lexicographic order (parallel over the pure variables still).
 """
 from __future__ import annotations
@@ -53,19 +54,26 @@ def schedule(u: Update) -> Schedule:
         return Schedule(2, False, f"an affine accumulation that z3 inverts: each element of {u.prev} sums "
                                   "the rdom points that write it (a gather, parallel over the elements)",
                         gather=gather)
-    points = math.prod(r.hi - r.lo for r in u.rdom)
+    points = math.prod(r.hi - r.lo for r in u.rdom)  # at each pure point
+    rows = math.prod(r.hi - r.lo for r in u.pure)  # the pure points, each with bins of its own
     size = math.prod(u.shape)
     pure = f"; parallel over {_names(u.pure)}" if u.pure else ""
-    few_bins = points >= 2 * PARTITIONS and size * PARTITIONS <= max(4 * points, 2 ** 16)
-    if (c is not None and c[0] in (Op.ADD, Op.SUB) and not u.pure and few_bins
+    # Partial bins below PARTITIONS rows (pure points): from there on the rows alone keep the threads
+    # busy, each summed in the serial order. Chosen from the shapes, never the thread count, so the
+    # bits never change. All the rows' bins must be few next to one row's points: a bilateral
+    # grid's splat (2M cells, 4M pixels a channel) stays at rung 4, whose copy is all it allocates.
+    few_bins = rows < PARTITIONS and points >= 2 * PARTITIONS and size * PARTITIONS <= max(4 * points, 2 ** 16)
+    if (c is not None and c[0] in (Op.ADD, Op.SUB) and few_bins
             and not any(reads_self(u, e) for e in u.index) and not reads_self(u, u.where)):
+        each = f" (at each point of {_names(u.pure)})" if u.pure else ""
         return Schedule(3, False, f"writes may collide (the index `{', '.join(map(str, u.index))}` is not "
-                                  f"one-to-one), so {PARTITIONS} fixed partitions of the rdom each sum into "
-                                  "bins of their own, added in partition order: the same bits on any "
+                                  f"one-to-one), so {PARTITIONS} fixed partitions of the rdom{each} each sum "
+                                  "into bins of their own, added in partition order: the same bits on any "
                                   "number of threads", PARTITIONS)
     if c is not None and c[0] in (Op.ADD, Op.SUB) and not reads_self(u, c[1]):
-        why = ("an accumulation whose writes may collide; partial bins are for updates without pure "
-               "variables into few bins" if u.pure or not few_bins else "an accumulation whose index reads the tensor")
+        why = ("an accumulation whose writes may collide; partial bins are for long reductions into few "
+               f"bins, at fewer than {PARTITIONS} pure points" if not few_bins
+               else "an accumulation whose index reads the tensor")
     elif reads_self(u, u.value) or any(reads_self(u, e) for e in u.index):
         why = "reads of the tensor being updated may see another rdom point's write (a scan)"
     else:

@@ -2,6 +2,7 @@
 any thread count; generated kernels use it (not numba's prange pipeline) with noalias arrays."""
 import itertools
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -24,14 +25,29 @@ def _count(start, stop, hits):
         hits[i] += 1
 
 
-@pytest.fixture(params=[1, 2, 3])
+# More threads than this machine's numba allows (NUMBA_NUM_THREADS) run in a child process that
+# allows them: test_more_threads_than_the_pool_allows_here.
+THREAD_COUNTS = [t for t in (1, 2, 3) if t <= numba.config.NUMBA_NUM_THREADS]
+
+
+@pytest.fixture(params=THREAD_COUNTS, ids=lambda t: f"{t}threads")
 def threads(request):
-    if request.param > numba.config.NUMBA_NUM_THREADS:
-        pytest.skip(f"numba has {numba.config.NUMBA_NUM_THREADS} threads")
     before = numba.get_num_threads()
     numba.set_num_threads(request.param)
     yield request.param
     numba.set_num_threads(before)
+
+
+def test_more_threads_than_the_pool_allows_here():
+    """This file's 3-thread cases, in a child process whose pool has 4 threads, where this one's
+    has fewer (NUMBA_NUM_THREADS may exceed the cores)."""
+    if 3 in THREAD_COUNTS:
+        pytest.skip("the 3-thread cases ran in this process")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "3threads"],
+                          capture_output=True, text=True, timeout=600, check=False,
+                          env=os.environ | {"NUMBA_NUM_THREADS": "4"}, cwd=pathlib.Path(__file__).parents[2])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-3000:]
 
 
 @pytest.mark.parametrize("start, stop", [(0, 0), (0, 1), (3, 5), (0, 1000), (7, 7)])

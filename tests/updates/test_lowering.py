@@ -7,6 +7,7 @@ import numpy as np
 
 import halide_ad as hd
 from halide_ad.ad import reverse_mode
+from halide_ad.compiler import compile_forward
 from halide_ad.ir import Const, Load, Update
 from halide_ad.runtime import emit, lower_updates
 from halide_ad.runtime.emit import Emitter
@@ -77,6 +78,18 @@ def test_rung_3_sums_fixed_partitions_into_bins_then_adds_them_in_partition_orde
     assert loops(total)[1].hi == PARTITIONS
 
 
+def test_rung_3_at_each_row_of_a_per_row_histogram_and_rung_4_from_partitions_rows_on():
+    w = np.linspace(0, 1, 4 * 40).reshape(4, 40)
+    u, rung, nest = _forward(P.row_hist, np.arange(4 * 40).reshape(4, 40) % 3, w)
+    assert rung == 3
+    copy, partitions, total = nest.body
+    assert [k for _, k in _kinds(partitions)] == [Kind.PARALLEL] + [Kind.SERIAL] * 4  # zero, the row, the points
+    assert _kinds(partitions)[3][0] == u.pure[0].var.name
+    rows = np.arange(PARTITIONS * 40).reshape(PARTITIONS, 40)  # enough rows to keep the threads busy
+    u, rung, nest = _forward(P.row_hist, rows % 3, np.ones(rows.shape))
+    assert rung == 4 and _kinds(nest.body[1])[0] == (u.pure[0].var.name, Kind.PARALLEL)
+
+
 def test_rung_4_is_serial_over_the_rdom_and_parallel_over_the_pure_variable():
     u, rung, nest = _forward(P.iir, np.ones((3, 6)), np.ones((3, 6)))
     assert rung == 4
@@ -97,6 +110,16 @@ def test_a_taped_update_records_what_each_point_overwrites_before_it_writes():
     assert u.taped
     stores = [n for n in walk(nest) if isinstance(n, Store)]
     assert [s.buffer for s in stores] == [u.name, f"{u.name}_tape", u.name]  # the copy, the tape, the write
+
+
+def test_a_plain_call_records_no_tape():
+    """Only the forward that a gradient follows writes the tape; a plain call's kernel has none."""
+    traced = _traced(P.horner, X[:3], X)
+    tape = f"{_update(P.horner, X[:3], X).name}_tape"
+    assert tape in [b.name for b in compile_forward(traced.program).scratch]
+    plain = compile_forward(traced.program, for_gradients=False)
+    assert tape not in [b.name for b in plain.scratch] and "_tape" not in plain.source
+    np.testing.assert_allclose(P.horner(X[:3], X), np.polyval(X[:3], X), rtol=1e-12)
 
 
 def test_a_scans_adjoint_runs_its_rdom_in_reverse():

@@ -2,6 +2,9 @@ import numpy as np
 import pytest
 
 import halide_ad as hd
+from halide_ad.ad import reverse_mode
+from halide_ad.ir import Load
+from halide_ad.traverse import walk
 from tests.updates import programs as P
 
 
@@ -33,6 +36,22 @@ def test_histogram_gradient_matches_torch_index_add(rng):
     out = torch.zeros(6).index_add(0, torch.tensor(idx), tw)
     out.backward(torch.tensor(ct))
     np.testing.assert_allclose(vjp(ct)[1], tw.grad.numpy(), rtol=1e-6)
+
+
+def test_a_stage_read_only_in_a_floored_index_has_no_adjoint_buffer(rng):
+    """`level` reaches the output only through the floor in the write index: its adjoint is zero,
+    so the gradient allocates none and no gather reads one, unless hd.adjoints asks for it."""
+    x = (rng.integers(0, 4, 30) + rng.uniform(0.1, 0.9, 30)) / 3  # away from the bins' edges
+    ct = rng.standard_normal(4)
+    traced, _ = P.binned.trace((x,), {})
+    adjoints = reverse_mode(traced.program, ("x",))
+    reads = {n.buffer for a in adjoints for s in a.scatters for n in walk(s.value) if isinstance(n, Load)}
+    assert [a.buffer for a in adjoints] == [traced.program.outputs[0], "x"] and "adj_level" not in reads
+    (g,) = hd.vjp(P.binned, x)[1](ct)
+    np.testing.assert_allclose(g, 2 * x * ct[np.floor(3 * x).astype(int)], rtol=1e-12)
+    np.testing.assert_allclose(g, _finite_difference(lambda v: P.binned(v) @ ct, x), rtol=1e-6)
+    named = hd.adjoints(P.binned, x, cotangent=ct)
+    assert np.array_equal(named["level"], np.zeros(30)) and np.allclose(named["x"], g, rtol=1e-12)
 
 
 def test_one_to_one_update_gradients(rng):

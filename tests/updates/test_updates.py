@@ -1,8 +1,11 @@
-import numba
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
-
-import halide_ad as hd
 
 from halide_ad.runtime.reference import evaluate
 from tests.updates import programs as P
@@ -38,31 +41,58 @@ def test_integer_counts_exact(rng):
     assert np.array_equal(P.counts(idx, 6), np.bincount(idx, minlength=6).astype(np.int32))
 
 
-def test_bits_do_not_depend_on_thread_count(rng):
-    """Rung 3 (partial bins), rung 2 (a gather), a scan and the histogram's gradient, on 1, 2 and 4
-    threads (those this machine has)."""
-    idx = rng.integers(0, 16, 5000)
-    w = rng.standard_normal(5000).astype(np.float32)
-    x = rng.standard_normal(999).astype(np.float32)
-    a, b = rng.random((8, 50)).astype(np.float32), rng.random((8, 50)).astype(np.float32)
-    ct = rng.standard_normal(16).astype(np.float32)
+THREADS_SCRIPT = """
+import hashlib, json, sys
+import numba, numpy as np
+import halide_ad as hd
+from tests.updates import programs as P
 
-    def run():
-        return b"".join(v.tobytes() for v in (P.histogram(idx, w, 16), P.pairs(x), P.iir(a, b),
-                                               hd.vjp(P.histogram, idx, w, 16)[1](ct)[1]))
+rng = np.random.default_rng(0)
+f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+idx, w, x = rng.integers(-2, 18, 5000), f32(5000), f32(999)
+rows, rw = rng.integers(0, 3, (8, 600)), f32(8, 600)
+i, j, w2 = rng.integers(0, 4, 900), rng.integers(0, 5, 900), f32(900)
+a, b, c = rng.random((8, 50)).astype(np.float32), f32(8, 50), f32(6)
+cases = {  # each: a program and its arguments; its forward, and its gradient for a cotangent
+    "histogram (partial bins)": (P.histogram, idx, w, 16), "counts": (P.counts, idx, 16),
+    "per-row histogram": (P.row_hist, rows, rw), "2-D bins": (P.hist2d, i, j, w2),
+    "gather scatter": (P.pairs, x), "disjoint scatter": (P.strided_scatter, x),
+    "scan": (P.iir, a, b), "cumsum": (P.cumsum, x), "taped (Horner)": (P.horner, c, x),
+    "taped max": (P.row_max, rw),
+}
 
-    before = numba.get_num_threads()
-    counts = [t for t in (1, 2, 4) if t <= numba.config.NUMBA_NUM_THREADS]
-    if len(counts) < 2:
-        pytest.skip("numba has one thread here")
-    try:
-        results = []
-        for t in counts:
-            numba.set_num_threads(t)
-            results.append(run())
-    finally:
-        numba.set_num_threads(before)
-    assert all(r == results[0] for r in results)
+def run(fn, *args):
+    out, vjp_fn = hd.vjp(fn, *args)
+    if out.dtype.kind != "f":
+        return hashlib.sha256(out.tobytes()).hexdigest()
+    grads = vjp_fn(np.random.default_rng(1).standard_normal(out.shape).astype(out.dtype))
+    pieces = [out] + [g for g in grads if isinstance(g, np.ndarray)]
+    return hashlib.sha256(b"".join(p.tobytes() for p in pieces)).hexdigest()
+
+counts = [int(t) for t in sys.argv[1:]]
+digests = {}
+for t in counts:
+    numba.set_num_threads(t)
+    for name, (fn, *args) in cases.items():
+        digests.setdefault(name, []).append(run(fn, *args))
+print(json.dumps(digests))
+"""
+
+
+def test_bits_do_not_depend_on_thread_count():
+    """Every rung, and the gradients, on 1, 2, 3 and 8 threads: in a child process whose numba
+    allows 8 (NUMBA_NUM_THREADS may exceed the cores), outputs and gradients hashed."""
+    counts = ["1", "2", "3", "8"]
+    root = pathlib.Path(__file__).parents[2]
+    path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))  # (for tests.updates)
+    done = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, *counts], capture_output=True, text=True,
+                          timeout=600, check=False, cwd=root,
+                          env=os.environ | {"NUMBA_NUM_THREADS": "8", "PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr[-3000:]
+    digests = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(digests) == 10
+    differ = {name: d for name, d in digests.items() if len(set(d)) != 1}
+    assert not differ, f"bits differ across {counts} threads: {differ}"
 
 
 def test_iir_scan_matches_loop(rng):
@@ -106,8 +136,11 @@ def test_two_dimensional_bins_and_per_row_histograms(rng):
     expected = np.zeros((4, 5))
     np.add.at(expected, (i, j), w)
     np.testing.assert_allclose(P.hist2d(i, j, w), expected)
-    idx, w2 = rng.integers(0, 3, (4, 30)), rng.random((4, 30))
-    np.testing.assert_allclose(P.row_hist(idx, w2), np.stack([np.bincount(idx[k], w2[k], 3) for k in range(4)]))
+    for rows in ((4, 30), (3, 70)):  # rung 4 (rows in parallel), rung 3 (partitions of each row)
+        idx, w2 = rng.integers(-1, 4, rows), rng.random(rows)
+        expected = np.stack([np.bincount(np.clip(idx[k], 0, 2), w2[k], 3) for k in range(rows[0])])
+        np.testing.assert_allclose(P.row_hist(idx, w2), expected, rtol=1e-12)
+        np.testing.assert_allclose(_reference(P.row_hist, idx, w2), expected, rtol=1e-12)
 
 
 def test_constant_indices_zero_d_tensors_and_predicates(rng):
