@@ -230,10 +230,10 @@ _VMATH = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf"}
 # (`Emitter.name`, `Emitter.buffer`).
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
              "tap", "start", "stop", "range", "min", "max", "abs",
-             "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
+             "parallel_for", "kernel", "branchless", "vmath", "lanes", "nonneg"}
 # hoisted loads and indices, literals, tables, staged adjoints, temporaries, entries and the
 # functions runtime/emit.py outlines
-_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_lane\d"
+_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_(lane\d|terms\d\d)"
                     r"|(forward|backward)\d*(_[bps]\d+)?")
 
 

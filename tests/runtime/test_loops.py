@@ -180,12 +180,13 @@ def test_lower_reduction_accumulates_in_reduction_order_then_stores():
 def test_split_accumulators_runs_a_long_contiguous_sum_in_lanes():
     f = _row_sum(2 * LANES + 3)
     s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
-    rounds, rest = [n for n in loops(s) if n.var == Var("r")]
-    assert (rounds.lo, rounds.hi, rounds.step) == (0, 2 * LANES, LANES) and (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
-    lanes = [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)]
-    assert lanes == ["acc"] + [f"acc_lane{q}" for q in range(1, LANES)]
+    terms, rest = [n for n in loops(s) if n.var == Var("r")]
+    assert (terms.lo, terms.hi, terms.step) == (0, 2 * LANES, 1) and (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
+    assert terms.body.body == (Let(Element("acc_terms32", (Var("r"),), "float32"), f.body.body),)
+    lanes = ", ".join(["acc"] + [f"acc_lane{q}" for q in range(1, LANES)])
+    assert Source(f"{lanes} = lanes.sums(acc_terms32, 0, {2 * LANES}, ({lanes}))") in walk(s)
     assert [n.target.name for n in walk(rest) if isinstance(n, Accumulate)] == ["acc"]
-    assert sum(isinstance(n, Let) for n in walk(s)) == LANES  # each lane starts at the identity
+    assert sum(isinstance(n, Let) and isinstance(n.var, Local) for n in walk(s)) == LANES  # each at the identity
 
 
 def test_split_accumulators_keeps_short_masked_and_strided_sums_whole():
@@ -297,9 +298,11 @@ def test_lower_gather_piece_puts_each_level_of_guards_inside_its_loop():
 def test_split_accumulators_runs_a_long_window_in_lanes_added_to_acc():
     acc = Local("acc", "float64")
     s = split_accumulators(block(lower.gather_piece(_window(0, 2 * LANES + 1), acc)))
-    rounds, rest = loops(s)
-    assert (rounds.step, rounds.hi, rest.lo, rest.hi) == (LANES, 2 * LANES, 2 * LANES, 2 * LANES + 1)
-    assert [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)] == [f"acc_lane{q}" for q in range(LANES)]
+    terms, rest = loops(s)
+    assert (terms.step, terms.hi, rest.lo, rest.hi) == (1, 2 * LANES, 2 * LANES, 2 * LANES + 1)
+    assert isinstance(terms.body.body[0], Let) and terms.body.body[0].var.array == "acc_terms64"
+    lanes = ", ".join(f"acc_lane{q}" for q in range(LANES))
+    assert Source(f"{lanes} = lanes.sums(acc_terms64, 0, {2 * LANES}, ({lanes}))") in walk(s)
     assert any(isinstance(n, Source) and n.text.startswith("acc += (((acc_lane0 + acc_lane1)") for n in walk(s))
     guarded = block(lower.gather_piece(_window(0, 4 * LANES, ((), (Bin(Op.LT, Var("r"), j),))), acc))
     assert split_accumulators(guarded) == guarded  # a guard inside the window keeps one total
