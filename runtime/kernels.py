@@ -26,6 +26,7 @@ from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
+from halide_ad.runtime.lanes import SCRATCH_MAX
 from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Source, Stmt, Store, block, walk
 from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, product, row_gathers,
                                        split_loop_nest, weighted_sums, wide_gathers)
@@ -233,7 +234,9 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest, ope
     em.put(Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
                    f"reading {name} one plane at a time from {stage}"))
     base, par = w.depth, parallel_dim(shape)
-    allocate = f"{stage} = np.empty({tuple(producer.adjoint.shape[depth:])}, np.{dtype})"
+    plane = producer.adjoint.shape[depth:]
+    allocate = (f"{stage} = lanes.scratch({plane[0]}, np.{dtype})" if len(plane) == 1 and plane[0] <= SCRATCH_MAX
+                else f"{stage} = np.empty({tuple(plane)}, np.{dtype})")  # (a row on the stack: no malloc per row)
     if par is None or par < opened:
         w.line(allocate)
     for d in range(opened, depth):
