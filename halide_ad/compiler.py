@@ -64,14 +64,17 @@ def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
                                                    for f in program.funcs))
         compile_segment = functools.partial(compile_forward, for_gradients=for_gradients)
         return compile_with_updates(program, compile_segment, read_by_gradients(program) if for_gradients else set())
-    program, scratch = _forward_stages(program, for_gradients)
+    program, scratch, stored = _forward_stages(program, for_gradients)
     shapes = _shapes(program)
     steps, sources, segment = [], [], []
 
     def flush():
         if segment:
             entry = f"forward{len(sources)}" if len(sources) or len(segment) < len(program.funcs) else "forward"
-            source, params, checks = emit_forward(program, tuple(segment), entry)
+            # what no later step reads may stay in the kernel, a row at a time
+            read_after = {n.buffer for f in program.funcs if f not in segment for n in walk(f.body) if isinstance(n, Load)}
+            local = frozenset(f.name for f in segment if f.name not in stored and f.name not in read_after)
+            source, params, checks = emit_forward(program, tuple(segment), entry, local)
             steps.append(_numba_step(source, params, checks, entry, f"forward of {program.name}"))
             sources.append(source)
             segment.clear()
@@ -88,9 +91,10 @@ def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
     return Kernel(steps, "\n".join(sources), scratch)
 
 
-def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Program, tuple[str, ...]]:
-    """`program` with its Funcs inlined and split as the forward kernels compute them, and the
-    scratch buffers of the split reductions."""
+def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Program, tuple[str, ...], set[str]]:
+    """`program` with its Funcs inlined and split as the forward kernels compute them, the
+    scratch buffers of the split reductions, and the Funcs that must be stored (outputs, and
+    what the gradients read; every Func under HALIDE_AD_SKIP=fuse)."""
     if not for_gradients:  # a plain call skips what only a gradient reads (a custom rule's factors)
         program = replace(program, funcs=_read_by_outputs(program))
     funcs, scratch, taken = [], [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
@@ -104,7 +108,8 @@ def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Progr
             scratch.append(parts[0].buffer)
             taken.add(parts[0].name)
         funcs += parts or [f]
-    return replace(program, funcs=tuple(funcs)), tuple(scratch)
+    stored = {f.name for f in funcs} if needed is None else set(program.outputs) | set(needed)
+    return replace(program, funcs=tuple(funcs)), tuple(scratch), stored
 
 
 def _read_by_outputs(program: Program) -> tuple:

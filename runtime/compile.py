@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from halide_ad import __version__, config
-from halide_ad.runtime import vmath
+from halide_ad.runtime import lanes, vmath
 from halide_ad.runtime.parallel import parallel_for
 
 HEADER = '''\
@@ -27,7 +27,7 @@ HEADER = '''\
 import math
 import numpy as np
 from numba import njit
-from halide_ad.runtime import vmath
+from halide_ad.runtime import lanes, vmath
 from halide_ad.runtime.parallel import branchless, kernel, parallel_for
 from halide_ad.runtime.vmath import nonneg
 
@@ -52,9 +52,12 @@ _loaded: dict[str, object] = {}
 @functools.cache
 def _version_salt() -> str:
     """What a kernel's machine code depends on besides its text: numba's cache does not notice
-    a change in the functions it inlines from `vmath`."""
-    with open(vmath.__file__, "rb") as fh:
-        inlined = hashlib.sha256(fh.read()).hexdigest()[:12]
+    a change in the functions it inlines from `vmath` and `lanes`."""
+    digest = hashlib.sha256()
+    for module in (vmath, lanes):
+        with open(module.__file__, "rb") as fh:
+            digest.update(fh.read())
+    inlined = digest.hexdigest()[:12]
     return f"{__version__}|{numba.__version__}|{np.__version__}|{sys.version_info[:2]}|{inlined}"
 
 
@@ -69,7 +72,7 @@ def interpret_kernel(source: str, entry: str, title: str):
     """`entry` from `source` as a plain Python function: the same code, without numba."""
     namespace = {"np": np, "math": math, "parallel_for": parallel_for, "checked": _checked,
                  "kernel": lambda f: f, "branchless": lambda c, a, b: a if c else b,
-                 "vmath": vmath.plain_python, "nonneg": lambda i: i}
+                 "vmath": vmath.plain_python, "lanes": lanes.plain_python, "nonneg": lambda i: i}
     exec(compile(source, f"<halide_ad:{title}>", "exec"), namespace)
     return namespace[entry]
 

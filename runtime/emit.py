@@ -25,8 +25,9 @@ from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import walk as walk_expr
-from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, For,
-                                     If, Kind, Let, Local, Source, Stmt, Store, block, walk)
+from halide_ad.runtime.lanes import FOLD
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, Fold,
+                                     For, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block, walk)
 from halide_ad.runtime.writer import Writer
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
@@ -230,10 +231,10 @@ _VMATH = {"exp", "log", "log1p", "tanh", "sigmoid", "sin", "cos", "erf"}
 # (`Emitter.name`, `Emitter.buffer`).
 _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "checked", "spans", "span", "point", "taps",
              "tap", "start", "stop", "range", "min", "max", "abs",
-             "parallel_for", "kernel", "branchless", "vmath", "nonneg"}
+             "parallel_for", "kernel", "branchless", "vmath", "lanes", "nonneg"}
 # hoisted loads and indices, literals, tables, staged adjoints, temporaries, entries and the
 # functions runtime/emit.py outlines
-_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_lane\d"
+_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_(lane\d|terms\d\d)"
                     r"|(forward|backward)\d*(_[bps]\d+)?")
 
 
@@ -319,6 +320,16 @@ class Emitter:
             parts.append(text)
         return f"{local}[{', '.join(parts)}]"
 
+    def row(self, buffer: str, lead: tuple[Expr, ...], loc_text: str) -> str:
+        """The last-axis row of `buffer` at its leading indices `lead`: a view (a staged plane's
+        local, or the buffer itself, where nothing is left to index)."""
+        if buffer in self.staged and len(lead) <= self.staged[buffer][0]:
+            return self.staged[buffer][1]
+        if not lead and buffer not in self.staged:
+            self.used[buffer] = None
+            return self.buffer(buffer)
+        return self.index(buffer, lead, loc_text)
+
     def expr(self, e: Expr) -> str:
         if self.hoisted and isinstance(e, (Load, Bin)) and e in self.hoisted:
             return self.hoisted[e]
@@ -382,6 +393,12 @@ class Emitter:
             case Chain(op, args, grouped):
                 text = f" {op.value} ".join(map(self.expr, args))
                 return f"({text})" if grouped else text
+            case Lanes(locals):
+                return ", ".join(map(self.expr, locals))
+            case Row(Load(buffer, index, _, loc)):
+                return self.row(buffer, index[:-1], str(loc) if loc else show(e.first))
+            case Fold(op, row, lo, hi, lanes):
+                return f"lanes.{FOLD[op]}({self.expr(row)}, {lo}, {hi}, ({self.expr(lanes)}))"
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")

@@ -26,18 +26,19 @@ from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
+from halide_ad.runtime.lanes import SCRATCH_MAX
 from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Source, Stmt, Store, block, walk
 from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, product, row_gathers,
                                        split_loop_nest, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
-from halide_ad.runtime.schedule.fuse_rows import fuse_rows
+from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import row_group, stage_depth
 from halide_ad.runtime.writer import Writer
-from halide_ad.traverse import flat_index
+from halide_ad.traverse import flat_index, walk as walk_expr
 
 
 def settings() -> tuple:
@@ -51,25 +52,30 @@ def _function(em: Emitter, entry: str) -> str:
     return emit.function(em, entry, em.out.tree(1))
 
 
-def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str) -> tuple[str, list[str], list[str]]:
-    """The source of `entry(...)` computing `funcs`, its parameter names, and the run-time index checks."""
+def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str, local: frozenset[str] = frozenset()
+                 ) -> tuple[str, list[str], list[str]]:
+    """The source of `entry(...)` computing `funcs`, its parameter names, and the run-time index
+    checks. `local`: the Funcs that nothing after this kernel reads, which a row group may keep a
+    row at a time (`fuse_rows.rows_local`)."""
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     em = Emitter(shapes)
     w = em.out
     w.depth = 1
     run: list[tuple[Func, Stmt]] = []  # the funcs since the last phased one, with their nests
+    phased = [f for f in funcs if pointwise_split(f) is not None]
+    local = local - {n.buffer for f in phased for n in walk_expr(f.body) if isinstance(n, Load)}
     for f in funcs:
         if (split := pointwise_split(f)) is None:
             run.append((f, _forward_nest(f, w)))
             continue
-        _emit_nests(em, run)
+        _emit_nests(em, run, local)
         run = []
         w.line(_comment(f))
         depth = w.depth
         _emit_phased(w, em, f, split)
         w.depth = depth
-    _emit_nests(em, run)
+    _emit_nests(em, run, local)
     return _function(em, entry), list(em.used), em.checks
 
 
@@ -90,12 +96,14 @@ def _forward_nest(f: Func, w: Writer) -> Stmt:
     return schedule.run(choose_parallel, nest, lower.terms(f.body))
 
 
-def _emit_nests(em: Emitter, run: list[tuple[Func, Stmt]]) -> None:
+def _emit_nests(em: Emitter, run: list[tuple[Func, Stmt]], local: frozenset[str]) -> None:
     """The nests of `run`'s funcs, each after its comment, those of a row group in one loop
-    (`fuse_rows`)."""
+    (`fuse_rows`), the `local` Funcs that one group alone reads a row at a time (`rows_local`)."""
     if not run:
         return
     nests = schedule.run(fuse_rows, block(*(s for f, nest in run for s in (Source(_comment(f)), nest))))
+    nests = rows_local(nests, {f.name: (f.shape, f.dtype) for f, _ in run  # (an argindex is stored for a gradient)
+                               if f.name in local and not f.keeps_argindex}, em.out.temp)
     for stmt in nests.body:
         stored = {n.buffer for n in walk(stmt) if isinstance(n, Store)}
         for f, _ in run:
@@ -233,7 +241,9 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest, ope
     em.put(Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
                    f"reading {name} one plane at a time from {stage}"))
     base, par = w.depth, parallel_dim(shape)
-    allocate = f"{stage} = np.empty({tuple(producer.adjoint.shape[depth:])}, np.{dtype})"
+    plane = producer.adjoint.shape[depth:]
+    allocate = (f"{stage} = lanes.scratch({plane[0]}, np.{dtype})" if len(plane) == 1 and plane[0] <= SCRATCH_MAX
+                else f"{stage} = np.empty({tuple(plane)}, np.{dtype})")  # (a row on the stack: no malloc per row)
     if par is None or par < opened:
         w.line(allocate)
     for d in range(opened, depth):

@@ -67,6 +67,44 @@ class Element(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Row(Expr):
+    """The contiguous last-axis row of a buffer that holds `first` (a Load), at its other
+    indices: `x[nonneg(i)]`, a view that a lane fold reads in place."""
+    first: Load
+
+    @property
+    def dtype(self) -> str:
+        return self.first.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Lanes(Expr):
+    """A reduction's partial results, as one tuple: `acc, acc_lane1, ...`."""
+    locals: tuple[Local, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.locals[0].dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Fold(Expr):
+    """`lanes`, each combined (`op`: sum, prod, max or min) with its terms row[lo + q],
+    row[lo + q + LANES], ... below `hi` (runtime/lanes.py): the values of the lanes after a
+    reduction's rounds. `row` is a local array (a Local naming it) or a Row. A Let assigns it
+    to the same Lanes."""
+    op: str
+    row: Expr
+    lo: int
+    hi: int
+    lanes: Lanes
+
+    @property
+    def dtype(self) -> str:
+        return self.lanes.dtype
+
+
+@dataclass(frozen=True, slots=True)
 class Chain(Expr):
     """args[0] op args[1] op ...: terms combined left to right, printed flat (`h1 * h2 * f32_3`,
     `k & 3`), in parentheses where `grouped` (`(h1 + h2 + h6) * f32_2`), instead of the pair of
@@ -115,7 +153,7 @@ class If:
 @dataclass(frozen=True, slots=True)
 class Let:
     """var = value: a Var is named by the emitter."""
-    var: Var | Local | Element
+    var: Var | Local | Element | Lanes
     value: Expr
 
 
@@ -237,4 +275,10 @@ def _expr(e) -> str:
         case Chain(op, args, grouped):
             text = f" {op.value} ".join(map(_expr, args))
             return f"({text})" if grouped else text
+        case Lanes(locals):
+            return ", ".join(map(_expr, locals))
+        case Row(first):
+            return f"row({show_expr(first)})"
+        case Fold(op, row, lo, hi, lanes):
+            return f"fold_{op}({_expr(row)}, {lo}, {hi}, ({_expr(lanes)}))"
     return show_expr(e)

@@ -1,19 +1,20 @@
 """split_accumulators: a long reduction over a contiguous axis as LANES independent partial results.
 
 One running total is a chain of dependent adds, each waiting for the last (~4 cycles); LANES of
-them keep the adder busy. The lanes combine in a fixed tree after the loop, so the result depends
+them keep the adder busy, and held in one vector register (`runtime/lanes.py`) they take one
+vector operation a round. The lanes combine in a fixed tree after the loop, so the result depends
 on the extent only, never on the thread count.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, is_float
-from halide_ad.runtime.loops import COMBINE, Accumulate, Block, For, If, Kind, Let, Local, Source, Stmt, block
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, dtype_of, is_float
+from halide_ad.runtime.lanes import LANES, SCRATCH_MAX
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Element, Fold, For, If, Kind, Lanes, Let,
+                                     Local, Row, Source, Stmt, block)
 from halide_ad.affine import linear_form
 from halide_ad.traverse import simplify, substitute, walk
-
-LANES = 8  # independent partial sums of a long reduction over a contiguous axis
 
 
 def unit_stride(e: Expr, v: Var) -> bool:
@@ -31,12 +32,41 @@ def pairwise(names: list[str], op: str) -> str:
     return names[0]
 
 
-def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], op: str,
-                augmented: bool = False) -> For:
-    """`for var in range(lo, whole, LANES)`, lane q accumulating `body` at var + q."""
-    return For(var, lo, whole, Kind.SERIAL, Block(tuple(
-        Accumulate(lane, simplify(substitute(body, {var: Bin(Op.ADD, var, Const(q, INDEX_DTYPE))})), op, augmented)
-        for q, lane in enumerate(lanes))), LANES)
+def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], op: str) -> Block:
+    """Lane q accumulating `body` at var = lo + q, lo + q + LANES, ... below `whole`, folded in
+    one vector (`runtime/lanes.py`), each lane combining its terms in the order a loop of LANES
+    scalar statements would: the same bits. A term that is a load walking a buffer's last axis
+    is folded from the buffer's row in place; other terms are written to a local row (on the
+    stack where short) by a loop that vectorizes, in their own float type where it is narrower
+    than the lanes' (the fold widens them, as the scalar adds did: float32 terms of a float64
+    sum write half the bytes)."""
+    tuple_ = Lanes(tuple(lanes))
+    if (offset := _row_offset(body, var)) is not None:
+        first = substitute(body, {var: Const(lo, INDEX_DTYPE)})
+        return block(Let(tuple_, Fold(op, Row(simplify(first)), lo + offset, whole + offset, tuple_)))
+    term = "float32" if dtype_of(body) == "float32" else lanes[0].dtype
+    row = Local(f"{lanes[0].name.split('_lane')[0]}_terms{term[-2:]}", term)  # float32 -> acc_terms32
+    n = whole - lo
+    return block(
+        Source(f"{row.name} = lanes.scratch({n}, np.{term})") if n <= SCRATCH_MAX else Allocate(row.name, (n,), term),
+        For(var, lo, whole, Kind.SERIAL, block(Let(Element(row.name, (simplify(Bin(Op.SUB, var, Const(lo, INDEX_DTYPE))),),
+                                                          term), body))),
+        Let(tuple_, Fold(op, row, 0, n, tuple_)))
+
+
+def _row_offset(body: Expr, var: Var) -> int | None:
+    """c where `body` is a float load whose last index is var + c and whose others do not
+    depend on var: its terms are a stretch of one contiguous row."""
+    if not (isinstance(body, Load) and is_float(body.dtype) and body.index):
+        return None
+    form = linear_form(body.index[-1])
+    if form is None or form[0] != {var: 1} or any(var in _vars(e) for e in body.index[:-1]):
+        return None
+    return form[1]
+
+
+def _vars(e: Expr) -> set[Var]:
+    return {n for n in walk(e) if isinstance(n, Var)}
 
 
 def split_accumulators(s: Stmt) -> Stmt:
@@ -108,10 +138,10 @@ def _split_window(loop: For) -> tuple[Stmt, ...] | None:
         return None
     whole = lo + (hi - lo) // LANES * LANES
     lanes = [Local(f"{acc.name}_lane{q}", acc.dtype) for q in range(LANES)]
-    rounds = lane_rounds(loop.var, lo, whole, step.value, lanes, step.op, augmented=True)
+    rounds = lane_rounds(loop.var, lo, whole, step.value, lanes, step.op)
     combined = Source(f"{acc.name} += {pairwise([lane.name for lane in lanes], '+')}")
     rest = (For(loop.var, whole, hi, Kind.SERIAL, block(step)),) if whole < hi else ()
-    return (*(Let(lane, Const(0, acc.dtype)) for lane in lanes), rounds, combined, *rest)
+    return (*(Let(lane, Const(0, acc.dtype)) for lane in lanes), *rounds.body, combined, *rest)
 
 
 def _constant(e) -> int | None:

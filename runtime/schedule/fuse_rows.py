@@ -16,14 +16,19 @@ The nests are runtime/lower.py's: their Source lines are the lanes' combination 
 of an extremum, which name locals only; a nest whose loop variable is text (written as text by
 runtime/gathers.py) never joins. Comment lines between two nests of a group go inside the fused
 loop, before the later nest's body.
+
+`rows_local` then keeps a Func that nothing outside its group reads (softmax's exp(x - max) in a
+plain call) one row at a time in a local array on the stack, instead of a buffer written out in
+full: the forward of softmax over (4096, 1024) wrote and re-read 16 MiB for nothing.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
 from halide_ad.ir import Expr, Load, Var
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, For, If, Kind, Let, Source, Stmt, Store, block,
-                                     walk)
+from halide_ad.runtime.lanes import SCRATCH_MAX
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, For, If, Kind, Let, Local, Row, Source, Stmt,
+                                     Store, block, walk)
 from halide_ad.traverse import substitute, walk as walk_expr
 
 
@@ -136,3 +141,60 @@ def _rename(s: Stmt, env: dict[Var, Var]) -> Stmt:
         case Allocate():
             return s
     raise TypeError(f"not a statement: {s!r}")
+
+
+def rows_local(s: Block, candidates: dict[str, tuple[tuple[int, ...], str]], temp) -> Block:
+    """`s`, fused (`fuse_rows`), with each buffer of `candidates` (name -> (shape, dtype): Funcs
+    that no other kernel, step or output reads) that one row group alone reads and writes, each
+    access at the group's row, kept one row at a time in a stack array named by `temp("row")`:
+    the row's stores become the array's elements, its loads read them (a lane fold's Row reads the
+    array). A 2-D buffer with rows of at most lanes.SCRATCH_MAX elements only. The same
+    operations in the same order: the same bits."""
+    users: dict[str, list[int]] = {}
+    for k, stmt in enumerate(s.body):
+        for b in {b for b, _, _ in _accesses(stmt)}:
+            users.setdefault(b, []).append(k)
+    out = list(s.body)
+    for name, (shape, dtype) in candidates.items():
+        if len(users.get(name, ())) != 1 or len(shape) != 2 or shape[1] > SCRATCH_MAX:
+            continue
+        k = users[name][0]
+        group = out[k]
+        if (not isinstance(group, For) or group.kind is not Kind.PARALLEL and group.kind is not Kind.SERIAL
+                or any(isinstance(n, For) and n.kind is Kind.PARALLEL for n in walk(group.body))  # (outlined)
+                or any(b == name and index[:1] != (group.var,) for b, index, _ in _accesses(group))
+                or any(isinstance(n, Accumulate) and isinstance(n.target, Load) and n.target.buffer == name
+                       for n in walk(group))):
+            continue
+        local = temp("row")
+        loads = {e for n in walk(group) for x in _exprs(n) for e in walk_expr(x) if isinstance(e, Load) and e.buffer == name}
+        rows = {Row(e): Local(local, dtype) for e in loads}  # (first: the rewrite goes bottom-up)
+        elements = {e: Element(local, e.index[1:], dtype) for e in loads}
+        body = _local_rows(group.body, name, Element(local, (), dtype),
+                           lambda e: substitute(substitute(e, rows), elements))
+        out[k] = replace(group, body=block(Source(f"{local} = lanes.scratch({shape[1]}, np.{dtype})"), body))
+    return Block(tuple(out))
+
+
+def _local_rows(s: Stmt, name: str, row: Element, sub) -> Stmt:
+    """`s` with buffer `name`'s stores as stores to the local `row`, every expression `sub`'s."""
+    match s:
+        case Block(body):
+            return Block(tuple(_local_rows(c, name, row, sub) for c in body))
+        case For(body=body):
+            return replace(s, body=_local_rows(body, name, row, sub))
+        case Store(buffer, index, value) if buffer == name:
+            return Let(replace(row, index=index[1:]), sub(value))
+        case Store(_, index, value):
+            return replace(s, index=tuple(map(sub, index)), value=sub(value))
+        case Accumulate(target, value):
+            return replace(s, target=sub(target), value=sub(value))
+        case Let(var, value):
+            return replace(s, var=sub(var), value=sub(value))
+        case If(cond, then, otherwise):
+            return replace(s, cond=tuple(map(sub, cond)) if isinstance(cond, tuple) else sub(cond),
+                           then=_local_rows(then, name, row, sub),
+                           otherwise=otherwise and _local_rows(otherwise, name, row, sub))
+        case Source(_, body):
+            return replace(s, body=_local_rows(body, name, row, sub))
+    return s

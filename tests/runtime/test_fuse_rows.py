@@ -11,13 +11,13 @@ import torch
 
 import halide_ad as hd
 import halide_ad.ops as ops
-from halide_ad.api import as_function
+from halide_ad.api import CALL, as_function
 from halide_ad.compiler import _private_adjoints, plan_gradient
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Var
 from halide_ad.runtime.gathers import gather_terms
-from halide_ad.runtime.loops import Accumulate, Block, For, Kind, Let, Local, Source, Store, block
+from halide_ad.runtime.loops import Accumulate, Block, Element, For, Kind, Let, Local, Source, Store, block, walk
 from halide_ad.runtime.schedule import interior
-from halide_ad.runtime.schedule.fuse_rows import fuse_rows
+from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.stage import row_group
 from halide_ad.solver import Gather
 
@@ -83,6 +83,38 @@ def test_a_statement_that_is_not_a_nest_ends_the_group():
     text = Source("for q in range(4):", Block((Source("pass"),)))  # written as text: unknown reads
     nests = block(_row_sum("s", "x", i), text, _scaled("out", "x", _s_at(i), i))
     assert fuse_rows(nests) == nests
+
+
+def test_a_buffer_only_its_group_reads_is_kept_a_row_at_a_time():
+    fused = fuse_rows(block(_row_sum("s", "x", i), _scaled("out", "x", _s_at(k), k)))
+    names = iter(["row1"])
+    (group,) = rows_local(fused, {"s": ((ROWS, 1), "float64")}, lambda base: next(names)).body
+    assert group.body.body[0] == Source("row1 = lanes.scratch(1, np.float64)")
+    stores = [n for n in walk(group) if isinstance(n, Store)]
+    assert [n.buffer for n in stores] == ["out"] and stores[0].value.rhs == Element("row1", (Const(0, INDEX_DTYPE),), "float64")
+    assert Let(Element("row1", (Const(0, INDEX_DTYPE),), "float64"), Local("acc", "float64")) in walk(group)
+    # read by a nest outside the group (another row's s, so it does not join): stays a buffer
+    later = _scaled("out2", "x", Load("s", (_mirror(k), Const(0, INDEX_DTYPE)), "float64"), k)
+    two = fuse_rows(block(_row_sum("s", "x", i), _scaled("out", "x", _s_at(k), k), later))
+    assert rows_local(two, {"s": ((ROWS, 1), "float64")}, lambda base: "row1") == two
+    assert rows_local(fused, {}, lambda base: "row1") == fused  # a Func stored for a gradient or returned
+
+
+def test_a_plain_softmax_keeps_its_exp_a_row_at_a_time(monkeypatch):
+    """A plain call's forward stores only the output: exp(x - max), the sum and the max stay in
+    the row group (the gradient's forward stores exp and the sum, which the gradient reads). The
+    same bits either way."""
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    (x,) = _inputs("softmax", (13, 40), np.float32, False)
+    fn = _fresh(OPS["softmax"][0])
+    plain = fn(x)
+    traced = as_function(fn).trace((x,), {})[0]
+    kernel = traced._forward_run(CALL).kernel
+    assert "lanes.scratch(40, np.float32)" in kernel.source
+    assert kernel.buffers() == {traced.program.inputs[0].name, "softmax"}  # x in, the output out
+    out, _ = hd.vjp(_fresh(OPS["softmax"][0]), x)
+    assert plain.tobytes() == out.tobytes()
 
 
 # ---- kernels: fused and unfused give the same bits ----

@@ -8,8 +8,8 @@ import halide_ad as hd
 from halide_ad.ir import Bin, Const, Load, Op, Var
 from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, For, If, Kind, Let, Local, Source, Store, block,
-                                     loops, nest, walk)
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, Fold, For, If, Kind, Let, Local, Source, Store, block,
+                                     Row, loops, nest, walk)
 from halide_ad.runtime.loops import show as loops_show
 from halide_ad.runtime.parallel import parallel_for
 from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
@@ -177,15 +177,39 @@ def test_lower_reduction_accumulates_in_reduction_order_then_stores():
     assert lower.accumulator(long.body, "acc").dtype == "float64"  # float32 partial sums round too often
 
 
-def test_split_accumulators_runs_a_long_contiguous_sum_in_lanes():
+def _fold_of(s) -> Let:
+    (let,) = [n for n in walk(s) if isinstance(n, Let) and isinstance(n.value, Fold)]
+    assert let.var == let.value.lanes  # the lanes, assigned their folded values
+    return let
+
+
+def test_split_accumulators_folds_a_long_contiguous_sum_in_lanes():
+    """A term that is not a plain load goes to a row of terms (float32 terms in float32), then
+    the fold."""
+    from halide_ad.ir import Func, Range, Reduce
+    r = Var("r")
+    twice = Bin(Op.MUL, Load("x", (i, r), "float32"), Const(2.0, "float32"))
+    f = Func("out", (i,), (3,), Reduce("sum", twice, (Range(r, 0, 2 * LANES + 3),)), "float32")
+    s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
+    terms, rest = [n for n in loops(s) if n.var == r]
+    assert (terms.lo, terms.hi, terms.step) == (0, 2 * LANES, 1) and (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
+    assert terms.body.body == (Let(Element("acc_terms32", (r,), "float32"), f.body.body),)
+    fold = _fold_of(s).value
+    assert [v.name for v in fold.lanes.locals] == ["acc"] + [f"acc_lane{q}" for q in range(1, LANES)]
+    assert (fold.op, fold.row, fold.lo, fold.hi) == ("sum", Local("acc_terms32", "float32"), 0, 2 * LANES)
+    assert [n.target.name for n in walk(rest) if isinstance(n, Accumulate)] == ["acc"]
+    assert sum(isinstance(n, Let) and isinstance(n.var, Local) for n in walk(s)) == LANES  # each at the identity
+
+
+def test_split_accumulators_folds_a_row_of_loads_in_place():
+    """x[i, r] summed over r: the fold reads x's row itself, no row of terms."""
     f = _row_sum(2 * LANES + 3)
     s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
-    rounds, rest = [n for n in loops(s) if n.var == Var("r")]
-    assert (rounds.lo, rounds.hi, rounds.step) == (0, 2 * LANES, LANES) and (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
-    lanes = [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)]
-    assert lanes == ["acc"] + [f"acc_lane{q}" for q in range(1, LANES)]
-    assert [n.target.name for n in walk(rest) if isinstance(n, Accumulate)] == ["acc"]
-    assert sum(isinstance(n, Let) for n in walk(s)) == LANES  # each lane starts at the identity
+    (rest,) = [n for n in loops(s) if n.var == Var("r")]
+    assert (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
+    fold = _fold_of(s).value
+    assert isinstance(fold.row, Row) and fold.row.first.buffer == "x" and fold.row.first.index[0] == i
+    assert (fold.lo, fold.hi) == (0, 2 * LANES) and not any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
 
 
 def test_split_accumulators_keeps_short_masked_and_strided_sums_whole():
@@ -296,10 +320,12 @@ def test_lower_gather_piece_puts_each_level_of_guards_inside_its_loop():
 
 def test_split_accumulators_runs_a_long_window_in_lanes_added_to_acc():
     acc = Local("acc", "float64")
-    s = split_accumulators(block(lower.gather_piece(_window(0, 2 * LANES + 1), acc)))
-    rounds, rest = loops(s)
-    assert (rounds.step, rounds.hi, rest.lo, rest.hi) == (LANES, 2 * LANES, 2 * LANES, 2 * LANES + 1)
-    assert [n.target.name for n in walk(rounds) if isinstance(n, Accumulate)] == [f"acc_lane{q}" for q in range(LANES)]
+    s = split_accumulators(block(lower.gather_piece(_window(1, 2 * LANES + 2), acc)))
+    (rest,) = loops(s)
+    assert (rest.lo, rest.hi) == (2 * LANES + 1, 2 * LANES + 2)
+    fold = _fold_of(s).value  # y[j, r] for r from 1: y's row j, from element 1
+    assert [v.name for v in fold.lanes.locals] == [f"acc_lane{q}" for q in range(LANES)]
+    assert isinstance(fold.row, Row) and (fold.lo, fold.hi) == (1, 2 * LANES + 1)
     assert any(isinstance(n, Source) and n.text.startswith("acc += (((acc_lane0 + acc_lane1)") for n in walk(s))
     guarded = block(lower.gather_piece(_window(0, 4 * LANES, ((), (Bin(Op.LT, Var("r"), j),))), acc))
     assert split_accumulators(guarded) == guarded  # a guard inside the window keeps one total

@@ -231,9 +231,10 @@ def _layer_norm(x, g, b):
 @pytest.mark.parametrize("columns", [2 * LANES, 8 * LANES + 3])
 def test_a_gradient_summing_over_a_row_adds_lanes(rng, columns):
     """softmax's adjoint of its row sum is a window over the row: LANES partial sums over the
-    columns (`_emit_lanes`), then the rest, with extents that leave a partial round."""
+    columns (`split_accumulators`, folded in one vector: `lanes.sums`), then the rest, with
+    extents that leave a partial round."""
     x = rng.standard_normal((300, columns)).astype(np.float32)
-    assert "acc_lane1 += " in hd.explain(_softmax, x).backward_source
+    assert " = lanes.sums(acc_terms" in hd.explain(_softmax, x).backward_source
     y, vjp = hd.vjp(_softmax, x)
     ct = rng.standard_normal(x.shape).astype(np.float32)
     (gx,) = vjp(ct)
@@ -269,7 +270,7 @@ def test_a_maximum_no_gradient_reaches_keeps_no_argindex(rng, dtype):
     x = rng.standard_normal((6, 8 * LANES + 5)).astype(dtype)
     x[2, 7] = np.nan
     source = hd.explain(_softmax, x).forward_source
-    assert "arg_softmax_max" not in source and "vmath.maximum(acc_lane1, " in source
+    assert "arg_softmax_max" not in source and " = lanes.maxima(x[nonneg(" in source
     got = _softmax(x)
     assert np.isnan(got[2]).all() and not np.isnan(np.delete(got, 2, 0)).any()
     clean = np.delete(x, 2, 0).astype(np.float64)

@@ -98,7 +98,8 @@ def test_gathers_run_by_rows_when_their_windows_walk_the_last_dimension():
 
 def test_column_blocks_split_only_a_long_one_dimensional_adjoint(monkeypatch):
     monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
-    assert column_blocks((1024,), 1024 * 64) == 1024 // COLUMN_BLOCK
+    assert column_blocks((4 * COLUMN_BLOCK,), 4 * COLUMN_BLOCK * 64) == 4
+    assert column_blocks((1024,), 1024 * 64) is None  # a layer norm's gain: whole rows on one thread
     assert column_blocks((1 << 20,), 1 << 26) == COLUMN_BLOCKS
     assert column_blocks((2 * COLUMN_BLOCK - 1,), 1 << 26) is None  # too short for two blocks
     assert column_blocks((64, 1024), 1 << 26) is None  # rows run in parallel instead
