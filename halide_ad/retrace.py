@@ -11,8 +11,10 @@ Func:
 
 The adjoints are then ordinary Funcs: compiled with the rest of the program, and differentiated
 again by the same path (a Hessian-vector product, reverse over reverse). A scatter the inverter
-could not turn into a gather (a data-dependent index) has no form as a gather Func; it is refused
-with NotDifferentiableError.
+could not turn into a gather (a data-dependent index) has no form as a gather Func: it becomes an
+update definition of the adjoint, `d_B[idx(i)] += v(i)` over the scatter's loops, after the
+gathers' sum; updates run deterministically, and their own gradients and tangents are gathers and
+updates again.
 
 Update definitions: an accumulation's or a one-write-per-point update's adjoint is scatters like
 any other; a scan's backward run is written back as update definitions of its own
