@@ -1,8 +1,9 @@
 """Derivatives of gradients through data-dependent indices: the gradient's scatter to
 `adj_w[idx[i]]` is written back as an update definition (halide_ad/retrace.py), differentiated
 again like any update. Hessian-vector products both ways and Hessians of an embedding lookup and
-of a floor-index interpolation, and a custom_jvp rule that reads its tangent at `idx[i]`, against
-JAX in float64; the same bits on every run."""
+of a floor-index interpolation (and of row products, whose scatter's value holds a reduction),
+and a custom_jvp rule that reads its tangent at `idx[i]`, against JAX in float64; the same bits
+on every run."""
 import numpy as np
 import pytest
 
@@ -46,8 +47,19 @@ def jax_interpolated(x):
     return jnp.sum(jnp.sin(s) * s)
 
 
+def row_products(x, idx):
+    """A product over each looked-up row: the scatter's value holds a reduction (the others' product)."""
+    r = hd.rdom(3)
+    return hd.sum(hd.sin(hd.compute(idx.shape, lambda i: hd.prod(x[idx[i], r]))))
+
+
+def jax_row_products(x):
+    return jnp.sum(jnp.sin(jnp.prod(x[IDX], axis=1)))
+
+
 CASES = {"embedding": (embedding, jax_embedding, (5, 3), IDX),
-         "floor index": (interpolated, jax_interpolated, (6,), POS)}
+         "floor index": (interpolated, jax_interpolated, (6,), POS),
+         "row products": (row_products, jax_row_products, (5, 3), IDX)}
 
 
 def _hvps(loss, x, data, v):
