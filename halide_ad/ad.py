@@ -186,8 +186,6 @@ def reverse_mode(program: Program, wrt: tuple[str, ...]) -> list[Adjoint]:
             contributions.setdefault(s.buffer, []).append(s)
     for o in program.overrides:
         if needs & set(o.outputs):
-            if o.refused:
-                raise NotDifferentiableError(o.refused)
             for s in o.scatters:
                 if s.buffer in needs:
                     contributions.setdefault(s.buffer, []).append(s)

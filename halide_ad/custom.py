@@ -14,8 +14,9 @@ tangents. Reverse mode transposes it (JAX's linearize-then-transpose): the cotan
 reverse mode, taken while tracing (halide_ad/retrace.py), of `t -> rule((x,), (t,))[1]` with
 respect to t at t = 0, seeded with `adj_<out>`. The rule is linear in t, so that is its transpose;
 it reads the real x, so a derivative of the gradient differentiates the rule's dependence on x as
-any program's, and every order is exact. A transpose with no form as gathers (the rule reads its
-tangent at a data-dependent index) leaves the call with no reverse mode: `Override.refused`.
+any program's, and every order is exact. Where the rule reads its tangent at a data-dependent
+index, the transpose scatters there: an update of the cotangent (halide_ad/retrace.py), which the
+Override holds as that scatter again.
 """
 from __future__ import annotations
 
@@ -77,17 +78,13 @@ class _Custom:
         own; each differentiable argument's is its cotangent in `backward(adjoints)`, traced where
         each output's cotangent is its adjoint buffer (one Tensor per output)."""
         region, names = tuple(f.name for f in state.funcs[start:]), tuple(o.name for o in outputs)
-        try:
-            cotangents, funcs = _trace_backward(state, outputs, backward)
-        except _NoReverseMode as e:  # forward mode keeps the rule; reverse mode raises this if it comes
-            state.overrides.append(ir.Override(self.what, region, names, (), refused=str(e.args[0])))
-            return
+        cotangents, funcs = _trace_backward(state, outputs, backward)
         scatters = []
         for k, (a, ct) in enumerate(zip(args, cotangents, strict=True)):
             if ct is None or not _differentiable(a):
                 continue
             ct = _check_like(f"cotangent {k} returned by bwd of the {self.what}", ct, a)
-            scatters.append(_contribution(a, ct, funcs, state))
+            scatters += _contributions(a, ct, funcs, state, self.what)
         state.overrides.append(ir.Override(self.what, region, names, tuple(scatters)))
 
 
@@ -130,15 +127,7 @@ class custom_jvp(_Custom):
 
         zeros = tuple(full(args[k].shape, 0, args[k].buffer.dtype, name=f"{args[k].name}_t") for k in diff)
         _, pullback = retrace.vjp(tangent_map, zeros, {})
-        try:
-            grads = dict(zip(diff, pullback(cotangents), strict=True))
-        except NotDifferentiableError as e:
-            where = f" (at {e.loc})" if e.loc else ""
-            raise _NoReverseMode(NotDifferentiableError(
-                f"no reverse mode through the {self.what}: reverse mode uses the transpose of its rule, "
-                f"written as gathers, and the rule reads its tangents through an index{where} that cannot "
-                "be inverted into one (data-dependent). Forward mode (hd.jvp) uses the rule as it is; for "
-                "gradients, drop the custom rule or read the tangents at affine indices", user_loc())) from None
+        grads = dict(zip(diff, pullback(cotangents), strict=True))
         return tuple(grads.get(k) for k in range(len(args)))
 
     def tangents(self, primals: tuple, tangents: tuple, outputs: list) -> list:
@@ -195,10 +184,6 @@ class custom_vjp(_Custom):
         return rebuild([Tensor(o.buffer) for o in outputs])
 
 
-class _NoReverseMode(Exception):
-    """A custom rule with no reverse mode: args[0] is the error that reverse mode raises."""
-
-
 def _trace_backward(state, outputs, backward) -> tuple[object, dict]:
     """(backward(the outputs' adjoints), the Funcs it made that read them, by name), traced where
     the cotangent of each output is its adjoint buffer. Those Funcs stay out of the program: the
@@ -220,6 +205,9 @@ def _trace_backward(state, outputs, backward) -> tuple[object, dict]:
     for f in sub.funcs:
         if _reads(f) & backward_only:
             backward_only.add(f.name)
+    for f in reversed(sub.funcs):  # what an update of a cotangent starts from (zeros) is backward's too
+        if isinstance(f, ir.Update) and f.name in backward_only:
+            backward_only.add(f.prev)
     forward = [f for f in sub.funcs if f.name not in backward_only]
     at = len(state.funcs) - len(outputs)
     state.funcs[at:at] = forward
@@ -235,17 +223,44 @@ def _reads(f) -> set[str]:
         {f.prev} if isinstance(f, ir.Update) else set())
 
 
-def _contribution(arg, ct, funcs: dict, state) -> Scatter:
-    """adj_<arg>[i] += ct[i], with bwd's Funcs (`funcs`) written out in place."""
-    index = tuple(ir.Var(state.fresh_name(f"{arg.name}_i{d}")) for d in range(arg.ndim))
-
-    def inline(e: Expr) -> Expr:
+def _contributions(arg, ct, funcs: dict, state, what: str) -> list[Scatter]:
+    """adj_<arg>[i] += ct[i], with bwd's Funcs (`funcs`) written out in place. A cotangent that
+    is updates of a start (`ct[e(r)] += v(r)`: a transpose that scatters to data-dependent places,
+    or a bwd that accumulates) is the start's scatter and one scatter per update."""
+    def inline(e: Expr | None) -> Expr | None:
+        if e is None:
+            return None
         return substitute(e, {n: inline(substitute(funcs[n.buffer].body, dict(zip(funcs[n.buffer].vars, n.index,
-                                                                               strict=True))))
+                                                                                strict=True))))
                               for n in walk(e) if isinstance(n, Load) and n.buffer in funcs})
 
-    value = inline(Load(ct.name, index, ct.buffer.dtype))
-    return Scatter(arg.name, index, value, tuple(Range(v, 0, n) for v, n in zip(index, arg.shape, strict=True)))
+    scatters, name = [], ct.name
+    while isinstance(u := funcs.get(name), ir.Update):
+        addend = _addend(u)
+        if addend is None:
+            raise NotDifferentiableError(f"the cotangent that the {what} gives {arg.name} is computed by an "
+                                         f"update of {u.prev} that is not an accumulation (t[e] += v, with "
+                                         "neither e nor v reading t); accumulate into hd.zeros instead", u.loc)
+        scatters.append(Scatter(arg.name, tuple(map(inline, u.index)), inline(addend), u.pure + u.rdom,
+                                inline(u.where), u.loc))
+        name = u.prev
+    index = tuple(ir.Var(state.fresh_name(f"{arg.name}_i{d}")) for d in range(arg.ndim))
+    value = inline(Load(name, index, ct.buffer.dtype))
+    if not is_zero(value):
+        scatters.append(Scatter(arg.name, index, value, tuple(Range(v, 0, n) for v, n in zip(index, arg.shape,
+                                                                                              strict=True))))
+    return scatters
+
+
+def _addend(u: ir.Update) -> Expr | None:
+    """v, where u is `t[e] += v` (or `-= -v`) with neither e, v nor the predicate reading t; else None."""
+    value = u.value
+    if not (isinstance(value, Bin) and value.op in (Op.ADD, Op.SUB) and value.lhs == Load(u.name, u.index, u.dtype)):
+        return None
+    parts = (*u.index, value.rhs) + ((u.where,) if u.where is not None else ())
+    if any(isinstance(n, Load) and n.buffer == u.name for e in parts for n in walk(e)):
+        return None
+    return value.rhs if value.op is Op.ADD else Call("neg", (value.rhs,))
 
 
 def _check_arity(fn, count: int, what: str, takes: str) -> None:

@@ -9,9 +9,9 @@ that it is compiled once and can be differentiated again (to any order):
 `fn` is an `hd.func` of `count` positional arguments; cotangents and tangents come flat, one per
 output leaf, and one per position.
 
-`Gradient` runs a gradient program's values at the top level instead (`hd.vjp` on arrays), which
-also differentiates what a gradient program cannot hold (a scatter through data-dependent indices),
-and stands for `gradient_program` where it is differentiated again. `transposed` finds, for a
+`Gradient` runs a gradient program's values at the top level instead (`hd.vjp` on arrays: the
+backward pass's own kernels, where a scatter through data-dependent indices stays a scatter rather
+than an update definition), and stands for `gradient_program` where it is differentiated again. `transposed` finds, for a
 tangent program, the gradient that is its transpose.
 """
 from __future__ import annotations

@@ -460,4 +460,3 @@ class Override:
     region: tuple[str, ...]
     outputs: tuple[str, ...]
     scatters: tuple[Scatter, ...]
-    refused: str = ""  # why the rule has no reverse mode, raised when reverse mode reaches it

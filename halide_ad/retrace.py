@@ -11,8 +11,10 @@ Func:
 
 The adjoints are then ordinary Funcs: compiled with the rest of the program, and differentiated
 again by the same path (a Hessian-vector product, reverse over reverse). A scatter the inverter
-could not turn into a gather (a data-dependent index) has no form as a gather Func; it is refused
-with NotDifferentiableError.
+could not turn into a gather (a data-dependent index) has no form as a gather Func: it becomes an
+update definition of the adjoint, `d_B[idx(i)] += v(i)` over the scatter's loops, after the
+gathers' sum; updates run deterministically, and their own gradients and tangents are gathers and
+updates again.
 
 Update definitions: an accumulation's or a one-write-per-point update's adjoint is scatters like
 any other; a scan's backward run is written back as update definitions of its own
@@ -39,12 +41,14 @@ from halide_ad.runtime.plans import gather_vars
 from halide_ad.solver import Fallback, invert
 from halide_ad.solver.bounds import interval
 from halide_ad.solver.invert import GatherPiece
+from halide_ad.solver.updates import check_write_bounds
 from halide_ad.stages import add_func, lift_reductions
 from halide_ad.tensor import BoundaryView, Tensor, compute
 from halide_ad.trace import TraceState, current
 from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
 from halide_ad.trees import flatten
 from halide_ad.update_ad import runs_backwards
+from halide_ad.updates import finished
 
 
 class _Traced:
@@ -145,17 +149,12 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
             continue
         js = gather_vars(adj, frozenset(state.names))  # (a buffer named j0 would shadow a variable)
         terms = [] if not adj.seeded else [_seed(seeds[adj.buffer], js, adj)]
+        scattered = []  # no form as a gather (a data-dependent index): updates of the gathers' sum
         for s in adj.scatters:
             inverse = invert(s, adj.shape, js)
             if isinstance(inverse, Fallback):
-                raise NotDifferentiableError(
-                    f"the gradient of {fn_name} is used while tracing (a gradient inside a traced "
-                    f"function, or a derivative of a gradient), but its contribution to "
-                    f"{adj.buffer}, adj_{adj.buffer}[{', '.join(map(str, s.index))}] += ..., cannot "
-                    f"be written as a gather ({inverse.reason}), so it has no form as a Func. "
-                    "Derivatives of gradients through data-dependent indices (a histogram, a "
-                    "gather by an index array) are not supported; take this gradient at the top "
-                    "level (hd.grad called on arrays) instead", s.loc or user_loc())
+                scattered.append(s)
+                continue
             for piece in inverse.pieces:
                 term = _piece_term(state, piece, js, adj, rename)
                 if term is not None:
@@ -166,9 +165,39 @@ def _adjoint_funcs(state: TraceState, program: ir.Program, wrt: tuple[str, ...],
         name = state.fresh_name(f"d_{adj.buffer}")
         body = cast(adj.dtype, simplify(body))
         built[adj.buffer] = add_func(state, Func(name, js, adj.shape, body, adj.dtype, user_loc()))
-        if not free_vars(body) and not any(isinstance(n, Reduce) for n in walk(body)):
+        for s in scattered:
+            built[adj.buffer] = _scatter_update(state, built[adj.buffer].name, s, adj, rename)
+        if not scattered and not free_vars(body) and not any(isinstance(n, Reduce) for n in walk(body)):
             broadcasts.add(name)  # a sum's adjoint, spread over what it summed
     return built
+
+
+def _scatter_update(state: TraceState, prev: str, s: ir.Scatter, adj: Adjoint, rename) -> ir.Update:
+    """`adj_B[index] += value` over the scatter's domain where its guard holds, as an update of
+    `prev` (added to `state`): a scatter's domain variable that stands bare in one position of the
+    index, over the whole dimension, is a pure variable (the update runs in parallel over it); the
+    others are its rdom, summed in order or in fixed partitions (docs/updates.md), so the bits are
+    the same on every run. Its adjoint is a gather, and hd.jvp goes through it."""
+    fresh = {r.var: Var(state.fresh_name(r.var.name, loop_var=True)) for r in s.domain}
+    local = lambda e: None if e is None else substitute(rename(e), fresh)  # noqa: E731
+    index, where = tuple(map(local, s.index)), local(s.where)
+    ranges = {fresh[r.var]: Range(fresh[r.var], r.lo, r.hi) for r in s.domain}
+    pure, pure_dims = [], []
+    for d, e in enumerate(index):
+        r = ranges.get(e)
+        if r is not None and (r.lo, r.hi) == (0, adj.shape[d]) and sum(e in free_vars(i) for i in index) == 1:
+            pure.append(r)
+            pure_dims.append(d)
+    rdom = tuple(r for r in ranges.values() if r not in pure)
+    value = cast(adj.dtype, local(s.value))
+    if any(isinstance(n, Reduce) for n in walk(value)):  # a product's gradient: Funcs of their own
+        value = _lifted(state, value, [where] if where is not None else [], ranges, tuple(ranges), adj)
+    name = state.fresh_name(f"d_{adj.buffer}")
+    value = Bin(Op.ADD, Load(name, index, adj.dtype), value)
+    update = finished(check_write_bounds(ir.Update(name, prev, adj.shape, adj.dtype, tuple(pure), tuple(pure_dims),
+                                                   rdom, index, value, where, s.loc or user_loc())))
+    state.funcs.append(update)
+    return update
 
 
 def _written(v: str, u: ir.Update, point: tuple[Expr, ...]) -> Load:

@@ -72,11 +72,13 @@ def test_jacfwd_of_conv_and_reverse_over_reverse_match_jax(rng):
     np.testing.assert_allclose(second(conv2d), second(reference), rtol=1e-10, atol=1e-12)
 
 
-def test_first_order_gradients_still_go_through_data_dependent_indices():
+def test_gradients_go_through_data_dependent_indices_at_every_order():
     x = jnp.asarray(np.arange(5.0))
     idx = jnp.asarray(np.array([0, 2, 2, 4]))
     np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(take(x, idx) ** 2))(x), [0, 0, 8, 0, 8])
     np.testing.assert_allclose(jax.jvp(lambda x: take(x, idx), (x,), (jnp.ones(5),))[1], np.ones(4))
+    cubed = lambda f: lambda x: jnp.sum(f(x, idx) ** 3)  # noqa: E731
+    np.testing.assert_allclose(jax.hessian(cubed(take))(x), jax.hessian(cubed(lambda x, i: x[i]))(x), rtol=1e-12)
 
 
 def test_a_gradient_runs_no_forward_mode_program(rng):
