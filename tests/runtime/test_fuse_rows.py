@@ -110,7 +110,7 @@ def test_a_plain_softmax_keeps_its_exp_a_row_at_a_time(monkeypatch):
     fn = _fresh(OPS["softmax"][0])
     plain = fn(x)
     traced = as_function(fn).trace((x,), {})[0]
-    kernel = traced._forward_run(CALL).kernel
+    kernel = traced.forward_run(CALL).kernel
     assert "lanes.scratch(40, np.float32)" in kernel.source
     assert kernel.buffers() == {traced.program.inputs[0].name, "softmax"}  # x in, the output out
     out, _ = hd.vjp(_fresh(OPS["softmax"][0]), x)
