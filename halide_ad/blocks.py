@@ -52,6 +52,20 @@ def kernels(block: Block, kind: str):
     return found
 
 
+def reads_forward(block: Block) -> bool:
+    """Whether the block's gradient passes read what its forward computes (a stage's values, a
+    pooling's argmax): a linear program's gradient reads its inputs and the cotangent only, and
+    its task skips the forward (a third of a 5x5 blur's vjp task)."""
+    found = runs.get((block.key, "reads forward"))
+    if found is None:
+        computed = {f.name for f in block.program.funcs}
+        computed |= {ir.argindex_name(f.name) for f in block.program.funcs if f.keeps_argindex}
+        found = runs[(block.key, "reads forward")] = any(
+            computed & kernels(block, kind).kernel.buffers() for kind in ("inputs", "weights")
+            if getattr(block, kind))
+    return found
+
+
 def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
     """The window of the array that the chunks `pieces` (nested lists, one level per dimension)
     tile, copied once into a C-contiguous array (kernels take those) from the buffer pool: a task
@@ -83,6 +97,18 @@ def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
         else:
             out[tuple(target)] = grid[index][tuple(source)]
     return out
+
+
+def gathered(results):
+    """An array computed from its chunks' results (nested lists, as dask gives them to
+    `__dask_postcompute__`'s function), copied into one from the buffer pool."""
+    if not isinstance(results, list):  # a 0-d array's one chunk
+        return np.array(results)
+    return assemble(results, (slice(None),) * _depth(results))
+
+
+def _depth(pieces) -> int:
+    return 1 + _depth(pieces[0]) if isinstance(pieces, list) else 0
 
 
 def arrays_of(inputs: list, weights: list) -> dict[str, np.ndarray]:
@@ -147,7 +173,9 @@ def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: d
 
 
 def _backward(block: Block, inputs: list, weights: list, cts: list, crops: dict) -> tuple:
-    buffers = kernels(block, "forward")(arrays_of(inputs, weights))
+    buffers = arrays_of(inputs, weights)
+    if reads_forward(block):
+        buffers = kernels(block, "forward")(buffers)
     values = {name: None if pieces is None else assemble(pieces, window)
               for name, pieces, window, _, _ in cts}
 

@@ -154,3 +154,16 @@ def test_two_chunked_inputs_with_different_chunks(rng):
     k = rng.standard_normal((3, 3))
     got = hdd.function(P.deconv_loss)(_chunked(x, (5, 4)), k, _chunked(t, (3, 10)))
     np.testing.assert_array_equal(got.compute(), P.deconv_loss(x, k, t))
+
+
+def test_results_come_from_the_buffer_pool_and_are_never_shared(rng):
+    x = rng.standard_normal((1024, 200))  # a result big enough for the pool (runtime/buffers.py)
+    y = hdd.function(P.blur)(_chunked(x, (256, 100)), "mirror")
+    a, b = y.compute(), y.compute()
+    assert not np.shares_memory(a, b)  # held results are never handed out again
+    np.testing.assert_array_equal(a, P.blur(x, "mirror"))
+    np.testing.assert_array_equal(b, a)
+    address = a.ctypes.data
+    del a
+    assert y.compute().ctypes.data == address  # a result let go is reused, as unchunked ones are
+    assert type(y + 1) is da.Array  # arrays derived from it are dask's own

@@ -114,3 +114,15 @@ def test_a_cotangent_of_the_wrong_shape_says_which(rng):
     with pytest.raises(hd.ShapeError,
                        match=r"cotangent for output .* has shape \(8, 7\); it must be \(8, 8\)"):
         vjp_fn(np.zeros((8, 7)))
+
+
+def test_a_gradient_task_runs_the_forward_only_where_the_gradient_reads_it(rng):
+    """blur's gradients read the inputs and the cotangent alone; a max pool's reads its argmax."""
+    from halide_ad.blocks import Block, reads_forward
+    x = da.from_array(rng.standard_normal((26, 22)), chunks=(8, 6))
+    for fn, args, reads in [(P.blur, ("mirror",), False), (P.blur_pool_blur, (), True)]:
+        out, vjp_fn = hdd.vjp(fn, x, *args)
+        (gx, *_) = vjp_fn(np.ones(out.shape))
+        (block,) = {v for layer in gx.dask.layers.values() for v in layer.values() if isinstance(v, Block)}
+        assert reads_forward(block) is reads
+        np.testing.assert_array_equal(gx.compute(), hd.vjp(fn, x.compute(), *args)[1](np.ones(out.shape))[0])
