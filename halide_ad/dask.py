@@ -26,7 +26,7 @@ from halide_ad.trees import leaves_like
 from halide_ad.blocks import Block, add, backward_task, forward_task, gathered, nested_getitem
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
 from halide_ad.compiler import engine_choices
-from halide_ad.errors import DTypeError, HalideADWarning, ShapeError, TraceError
+from halide_ad.errors import DTypeError, HalideADWarning, ShapeError
 
 __all__ = ["function", "vjp", "halo"]
 
@@ -132,17 +132,14 @@ class _Call:
                 classified.append(classify(n, a))
         kw = {k: classify(k, v) for k, v in sorted(kwargs.items())}
         self.traced, captured = f._trace(names, classified, kw)
-        if captured:  # a task would need them too: they are arguments like any weight
-            raise TraceError(f"{self.name} reads numpy array(s) {sorted(captured)} from a closure or a "
-                             "global; halide_ad.dask sends a task only its arguments: pass them as "
-                             "arguments (they are sent whole to every task)")
         self.program = self.traced.program
+        # arrays read from a closure or a global go whole to every task, as weights do (no gradient)
         self.weights = {n: v for n, (k, v) in list(zip(names, classified)) + list(kw.items())
-                        if k == "array" and n not in dasks}
+                        if k == "array" and n not in dasks} | captured
         self.axes = tuple(a for a in range(self.ndim) if self.bounds[a] is not None)
         self.layout = layout(self.program, tuple(self.arrays), self.axes, self.name)
         self._realign()
-        self.token = tokenize(f.fn.__module__, f.fn.__qualname__, args, kwargs)
+        self.token = tokenize(f.fn.__module__, f.fn.__qualname__, args, kwargs, captured)
 
     def _aligned_chunks(self, dasks: dict) -> dict:
         ndims = {a.ndim for a in dasks.values()}

@@ -126,3 +126,18 @@ def test_a_gradient_task_runs_the_forward_only_where_the_gradient_reads_it(rng):
         (block,) = {v for layer in gx.dask.layers.values() for v in layer.values() if isinstance(v, Block)}
         assert reads_forward(block) is reads
         np.testing.assert_array_equal(gx.compute(), hd.vjp(fn, x.compute(), *args)[1](np.ones(out.shape))[0])
+
+
+def test_an_array_read_from_a_global_goes_whole_to_every_task(rng):
+    x, ct = rng.standard_normal((26, 22)), rng.standard_normal((26, 22))
+    out, vjp_fn = hdd.vjp(P.sharpened, da.from_array(x, chunks=(8, 6)))
+    np.testing.assert_array_equal(out.compute(), P.sharpened(x))
+    (gx,) = _grads(vjp_fn, ct)  # a captured array has no gradient, as in hd.vjp
+    np.testing.assert_array_equal(gx, hd.vjp(P.sharpened, x)[1](ct)[0])
+    before = P.SHARPEN.copy()
+    try:
+        P.SHARPEN *= 2  # read afresh at each call, as unchunked calls read it
+        np.testing.assert_array_equal(hdd.function(P.sharpened)(da.from_array(x, chunks=(8, 6))).compute(),
+                                      P.sharpened(x))
+    finally:
+        P.SHARPEN[...] = before
