@@ -2,8 +2,8 @@
 each task on its chunk plus a halo that `halide_ad/chunks.py` derives from the program's index
 expressions. docs/dask.md explains the construction and its limits.
 
-Arguments that are dask arrays are chunked; numpy arrays (weights) and static options go to every
-task whole. dask's schedulers run the graphs: the threaded one, or `dask.distributed`. The graphs
+Arguments that are dask arrays are chunked; numpy arrays (weights), arrays the function reads from
+closures or globals, and static options go to every task whole. dask's schedulers run the graphs: the threaded one, or `dask.distributed`. The graphs
 carry block programs (IR), not `fn`: a worker compiles each once, or loads its kernels from the
 on-disk cache.
 """
