@@ -6,8 +6,8 @@ the same chunks.
 Each pass runs unchunked, then chunked on dask's threaded scheduler, and on a
 `distributed.LocalCluster` of 1, then 2, worker processes of one thread each, with the chunks
 persisted on the workers, as a cluster's data is. The overhead of chunking is a chunked time over
-the unchunked one; the scaling is the 1-worker time over the 2-worker time. (The kernels inside a
-task use every core, so a second worker adds speed only where one task's kernels leave cores idle.)
+the unchunked one; the scaling is the 1-worker time over the 2-worker time. (A task's kernels
+run on its worker's share of the cores, one each here: `halide_ad.blocks.task_threads`.)
 Times are medians of `--repeat` runs after one warm-up run. Every chunked result is checked
 against the unchunked one: the forward and the input gradient bit for bit, the kernel's gradient
 (summed over the chunks) and dask-image's forward to float32 rounding.

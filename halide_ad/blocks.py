@@ -3,15 +3,19 @@ the block program's compiled kernels, crop the chunk. Numpy only; `halide_ad/das
 graphs whose tasks call these."""
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from halide_ad import ir
 from halide_ad.compiler import compile_forward, compile_gradient
 from halide_ad.runtime.buffers import pool
 from halide_ad.runtime.execute import BackwardRun, ForwardRun
+from halide_ad.runtime.parallel import one_blas_thread
 from halide_ad.runtime.route import engines
 
 
@@ -48,6 +52,20 @@ def kernels(block: Block, kind: str):
     return found
 
 
+def reads_forward(block: Block) -> bool:
+    """Whether the block's gradient passes read what its forward computes (a stage's values, a
+    pooling's argmax): a linear program's gradient reads its inputs and the cotangent only, and
+    its task skips the forward (a third of a 5x5 blur's vjp task)."""
+    found = runs.get((block.key, "reads forward"))
+    if found is None:
+        computed = {f.name for f in block.program.funcs}
+        computed |= {ir.argindex_name(f.name) for f in block.program.funcs if f.keeps_argindex}
+        found = runs[(block.key, "reads forward")] = any(
+            computed & kernels(block, kind).kernel.buffers() for kind in ("inputs", "weights")
+            if getattr(block, kind))
+    return found
+
+
 def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
     """The window of the array that the chunks `pieces` (nested lists, one level per dimension)
     tile, copied once into a C-contiguous array (kernels take those) from the buffer pool: a task
@@ -81,15 +99,67 @@ def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
     return out
 
 
+def gathered(results):
+    """An array computed from its chunks' results (nested lists, as dask gives them to
+    `__dask_postcompute__`'s function), copied into one from the buffer pool."""
+    if not isinstance(results, list):  # a 0-d array's one chunk
+        return np.array(results)
+    return assemble(results, (slice(None),) * _depth(results))
+
+
+def _depth(pieces) -> int:
+    return 1 + _depth(pieces[0]) if isinstance(pieces, list) else 0
+
+
 def arrays_of(inputs: list, weights: list) -> dict[str, np.ndarray]:
     """The block's arguments by buffer name. (Tasks take lists: dask finds keys in lists, not in
     dicts or tuples.)"""
     return {name: assemble(p, w) for name, p, w in inputs} | dict(weights)
 
 
+_running = 0  # tasks running in this process
+_running_lock = threading.Lock()
+
+
+def _cores() -> int:
+    """The cores this process's tasks share: a dask.distributed worker's `nthreads` (dask's
+    share of the machine for it; its nanny already gives BLAS one thread per task), else every
+    core numba may use (dask's threaded scheduler, in the client's process)."""
+    distributed = sys.modules.get("distributed")
+    if distributed is not None:
+        try:
+            return min(distributed.get_worker().state.nthreads, numba.config.NUMBA_NUM_THREADS)
+        except ValueError:  # not in a worker
+            pass
+    return numba.config.NUMBA_NUM_THREADS
+
+
+@contextlib.contextmanager
+def task_threads():
+    """The task's kernels on its share of the cores: the cores over the tasks running in this
+    process when it starts (numba's thread count is per calling thread), BLAS on one thread
+    where that share is one core. Each task's kernels otherwise used every core while others
+    did too: on 2 cores, 2 worker processes ran 4 threads (a 5x5 blur of 8192^2 at 0.94x
+    dask-image's speed). The kernels give the same bits on any number of threads."""
+    global _running
+    with _running_lock:
+        _running += 1
+        share = max(1, _cores() // _running)
+    before = numba.get_num_threads()
+    numba.set_num_threads(share)
+    try:
+        with one_blas_thread() if share == 1 else contextlib.nullcontext():
+            yield share
+    finally:
+        numba.set_num_threads(before)
+        with _running_lock:
+            _running -= 1
+
+
 def forward_task(block: Block, inputs: list, weights: list, crops: dict) -> tuple:
-    arrays = arrays_of(inputs, weights)
-    buffers = kernels(block, "forward")(arrays)
+    with task_threads():
+        arrays = arrays_of(inputs, weights)
+        buffers = kernels(block, "forward")(arrays)
     return tuple(buffers[o][crop] for o, crop in crops.items())  # (views keep pooled buffers from reuse)
 
 
@@ -98,7 +168,14 @@ def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: d
     per output, its cotangent's pieces and two placements in the block: the outputs that read this
     chunk (seeding the inputs' gradients), and this task's own output chunk (seeding the weights'
     gradients, so that every output point counts once over all tasks)."""
-    buffers = kernels(block, "forward")(arrays_of(inputs, weights))
+    with task_threads():
+        return _backward(block, inputs, weights, cts, crops)
+
+
+def _backward(block: Block, inputs: list, weights: list, cts: list, crops: dict) -> tuple:
+    buffers = arrays_of(inputs, weights)
+    if reads_forward(block):
+        buffers = kernels(block, "forward")(buffers)
     values = {name: None if pieces is None else assemble(pieces, window)
               for name, pieces, window, _, _ in cts}
 

@@ -2,8 +2,8 @@
 each task on its chunk plus a halo that `halide_ad/chunks.py` derives from the program's index
 expressions. docs/dask.md explains the construction and its limits.
 
-Arguments that are dask arrays are chunked; numpy arrays (weights) and static options go to every
-task whole. dask's schedulers run the graphs: the threaded one, or `dask.distributed`. The graphs
+Arguments that are dask arrays are chunked; numpy arrays (weights), arrays the function reads from
+closures or globals, and static options go to every task whole. dask's schedulers run the graphs: the threaded one, or `dask.distributed`. The graphs
 carry block programs (IR), not `fn`: a worker compiles each once, or loads its kernels from the
 on-disk cache.
 """
@@ -23,10 +23,10 @@ from halide_ad import ir
 from halide_ad.api import as_function, Function
 from halide_ad.arguments import classify
 from halide_ad.trees import leaves_like
-from halide_ad.blocks import Block, add, backward_task, forward_task, nested_getitem
+from halide_ad.blocks import Block, add, backward_task, forward_task, gathered, nested_getitem
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
 from halide_ad.compiler import engine_choices
-from halide_ad.errors import DTypeError, HalideADWarning, ShapeError, TraceError
+from halide_ad.errors import DTypeError, HalideADWarning, ShapeError
 
 __all__ = ["function", "vjp", "halo"]
 
@@ -76,6 +76,16 @@ def _geometry(lay: Layout, axis: int, wanted: list[dict[str, Region]],
     return out
 
 
+class _Result(da.Array):
+    """An output or gradient of halide_ad.dask: `compute()` copies its chunks into an array from
+    halide_ad's buffer pool, as the unchunked function's results come (dask's own copy is into a
+    fresh array, whose first touch the OS pays for: 0.15-2 s for 256 MiB here, as the kernels'
+    whole run). Arrays derived from it are dask's own."""
+
+    def __dask_postcompute__(self):
+        return gathered, ()
+
+
 def _boundaries(chunks: tuple[int, ...]) -> list[int]:
     return [0, *np.cumsum(chunks).tolist()]
 
@@ -122,17 +132,14 @@ class _Call:
                 classified.append(classify(n, a))
         kw = {k: classify(k, v) for k, v in sorted(kwargs.items())}
         self.traced, captured = f._trace(names, classified, kw)
-        if captured:  # a task would need them too: they are arguments like any weight
-            raise TraceError(f"{self.name} reads numpy array(s) {sorted(captured)} from a closure or a "
-                             "global; halide_ad.dask sends a task only its arguments: pass them as "
-                             "arguments (they are sent whole to every task)")
         self.program = self.traced.program
+        # arrays read from a closure or a global go whole to every task, as weights do (no gradient)
         self.weights = {n: v for n, (k, v) in list(zip(names, classified)) + list(kw.items())
-                        if k == "array" and n not in dasks}
+                        if k == "array" and n not in dasks} | captured
         self.axes = tuple(a for a in range(self.ndim) if self.bounds[a] is not None)
         self.layout = layout(self.program, tuple(self.arrays), self.axes, self.name)
         self._realign()
-        self.token = tokenize(f.fn.__module__, f.fn.__qualname__, args, kwargs)
+        self.token = tokenize(f.fn.__module__, f.fn.__qualname__, args, kwargs, captured)
 
     def _aligned_chunks(self, dasks: dict) -> dict:
         ndims = {a.ndim for a in dasks.values()}
@@ -245,7 +252,7 @@ class _Call:
         layers[name] = MaterializedLayer(tasks)
         deps[name] = {depends}
         graph = HighLevelGraph(dict(layers), dict(deps))
-        return da.Array(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype))
+        return _Result(graph, name, chunks, meta=np.empty((0,) * len(chunks), dtype))
 
     # -- forward --
 

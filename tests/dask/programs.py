@@ -1,4 +1,6 @@
 """Programs for the dask tests, at module level so that worker processes unpickle them by name."""
+import numpy as np
+
 import halide_ad as hd
 import halide_ad.ops as ops
 
@@ -144,3 +146,27 @@ def conv_only(x, w):
 def row_scans(x):
     """An update definition (a running sum along each row): not chunked yet."""
     return ops.cumsum(x, 1)
+
+
+@hd.func
+def conv1d_channels(x, w):
+    """A padded 1-D convolution of channels: small enough for BLAS, not the direct kernels."""
+    return ops.conv1d(x, w, padding=1)
+
+
+SHARPEN = np.array([[0.0, -1.0, 0.0], [-1.0, 5.0, -1.0], [0.0, -1.0, 0.0]])  # read as a global
+GAINS = np.linspace(0.5, 1.5, 26)  # a global read at each row: refused on chunked rows
+
+
+@hd.func
+def sharpened(x):
+    """A 3x3 filter whose weights the function reads from a module global (a captured array)."""
+    e, k = hd.repeat_edge(x), hd.repeat_edge(SHARPEN)
+    r, s = hd.rdom(3, 3)
+    return hd.compute(x.shape, lambda i, j: hd.sum(e[i + r - 1, j + s - 1] * k[r, s]))
+
+
+@hd.func
+def row_gains(x):
+    g = hd.repeat_edge(GAINS)
+    return hd.compute(x.shape, lambda i, j: x[i, j] * g[i])

@@ -19,6 +19,14 @@ def _block_runs():
     return os.getpid(), len(halide_ad.blocks.runs)
 
 
+def _share_in_a_task():
+    import numba
+
+    from halide_ad.blocks import task_threads
+    with task_threads() as share:
+        return share, numba.get_num_threads()
+
+
 @pytest.fixture(scope="module")
 def client():
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
@@ -48,3 +56,9 @@ def test_gradients_on_worker_processes_repeat_the_threaded_bits(client, rng):
     gx_ref, gw_ref = hd.vjp(P.conv_valid, x, w)[1](ct)
     np.testing.assert_array_equal(on_workers[0], gx_ref)
     np.testing.assert_allclose(on_workers[1], gw_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_a_task_takes_its_workers_share_of_the_cores(client):
+    """A worker of one thread runs one task at a time, on one core: its kernels take one thread
+    (numba's default is every core of the machine, which two workers then oversubscribe)."""
+    assert client.submit(_share_in_a_task, pure=False).result() == (1, 1)

@@ -154,3 +154,33 @@ def test_two_chunked_inputs_with_different_chunks(rng):
     k = rng.standard_normal((3, 3))
     got = hdd.function(P.deconv_loss)(_chunked(x, (5, 4)), k, _chunked(t, (3, 10)))
     np.testing.assert_array_equal(got.compute(), P.deconv_loss(x, k, t))
+
+
+def test_results_come_from_the_buffer_pool_and_are_never_shared(rng):
+    x = rng.standard_normal((1024, 200))  # a result big enough for the pool (runtime/buffers.py)
+    y = hdd.function(P.blur)(_chunked(x, (256, 100)), "mirror")
+    a, b = y.compute(), y.compute()
+    assert not np.shares_memory(a, b)  # held results are never handed out again
+    np.testing.assert_array_equal(a, P.blur(x, "mirror"))
+    np.testing.assert_array_equal(b, a)
+    address = a.ctypes.data
+    del a
+    assert y.compute().ctypes.data == address  # a result let go is reused, as unchunked ones are
+    assert type(y + 1) is da.Array  # arrays derived from it are dask's own
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_convolution_on_blas_is_bit_for_bit_in_blocks_of_a_panel_or_more(dtype, rng):
+    """BLAS computes a product in panels of PANEL columns (runtime/parallel.py), so that a
+    block's output columns, PANEL or more of them, sum as the whole array's do."""
+    x = rng.standard_normal((2, 16, 2048)).astype(dtype)
+    w = rng.standard_normal((16, 16, 3)).astype(dtype)
+    out, vjp_fn = hdd.vjp(P.conv1d_channels, _chunked(x, (2, 16, 512)), w)
+    assert _engines(out) == ["blas"]
+    np.testing.assert_array_equal(out.compute(), P.conv1d_channels(x, w))
+    ct = rng.standard_normal(out.shape).astype(dtype)
+    gx, gw = dask.compute(*vjp_fn(ct))
+    rx, rw = hd.vjp(P.conv1d_channels, x, w)[1](ct)
+    np.testing.assert_array_equal(gx, rx)
+    eps = np.finfo(dtype).eps  # the weights' gradient sums over chunks first: equal to rounding
+    np.testing.assert_allclose(gw, rw, rtol=0, atol=100 * eps * np.abs(rw).max())

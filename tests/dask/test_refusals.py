@@ -45,6 +45,15 @@ def test_a_small_argument_read_by_position(rng):
     np.testing.assert_array_equal(hdd.function(P.masked)(_rows(x), _rows(m)).compute(), P.masked(x, m))
 
 
+def test_a_captured_array_read_by_position(rng):
+    """An array read from a global goes whole to every task: read at a chunked index, it is refused."""
+    x = rng.standard_normal((26, 6))
+    with pytest.raises(hd.ShapeError, match=r"axis 0: .* reads .*, which is not chunked along axis 0"):
+        hdd.function(P.row_gains)(_rows(x))
+    cols = da.from_array(x, chunks=(26, 2))  # along the other axis it reads every row in each task
+    np.testing.assert_array_equal(hdd.function(P.row_gains)(cols).compute(), P.row_gains(x))
+
+
 def test_the_same_programs_chunk_along_the_other_axis(rng):
     x = rng.standard_normal((8, 8))
     cols = da.from_array(x, chunks=(8, 3))

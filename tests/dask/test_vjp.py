@@ -114,3 +114,30 @@ def test_a_cotangent_of_the_wrong_shape_says_which(rng):
     with pytest.raises(hd.ShapeError,
                        match=r"cotangent for output .* has shape \(8, 7\); it must be \(8, 8\)"):
         vjp_fn(np.zeros((8, 7)))
+
+
+def test_a_gradient_task_runs_the_forward_only_where_the_gradient_reads_it(rng):
+    """blur's gradients read the inputs and the cotangent alone; a max pool's reads its argmax."""
+    from halide_ad.blocks import Block, reads_forward
+    x = da.from_array(rng.standard_normal((26, 22)), chunks=(8, 6))
+    for fn, args, reads in [(P.blur, ("mirror",), False), (P.blur_pool_blur, (), True)]:
+        out, vjp_fn = hdd.vjp(fn, x, *args)
+        (gx, *_) = vjp_fn(np.ones(out.shape))
+        (block,) = {v for layer in gx.dask.layers.values() for v in layer.values() if isinstance(v, Block)}
+        assert reads_forward(block) is reads
+        np.testing.assert_array_equal(gx.compute(), hd.vjp(fn, x.compute(), *args)[1](np.ones(out.shape))[0])
+
+
+def test_an_array_read_from_a_global_goes_whole_to_every_task(rng):
+    x, ct = rng.standard_normal((26, 22)), rng.standard_normal((26, 22))
+    out, vjp_fn = hdd.vjp(P.sharpened, da.from_array(x, chunks=(8, 6)))
+    np.testing.assert_array_equal(out.compute(), P.sharpened(x))
+    (gx,) = _grads(vjp_fn, ct)  # a captured array has no gradient, as in hd.vjp
+    np.testing.assert_array_equal(gx, hd.vjp(P.sharpened, x)[1](ct)[0])
+    before = P.SHARPEN.copy()
+    try:
+        P.SHARPEN *= 2  # read afresh at each call, as unchunked calls read it
+        np.testing.assert_array_equal(hdd.function(P.sharpened)(da.from_array(x, chunks=(8, 6))).compute(),
+                                      P.sharpened(x))
+    finally:
+        P.SHARPEN[...] = before
