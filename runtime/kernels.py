@@ -35,7 +35,7 @@ from halide_ad.runtime.schedule.fuse_rows import fuse_rows
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
-from halide_ad.runtime.schedule.stage import row_group, stage_depth
+from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import flat_index
 
@@ -137,9 +137,12 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     gathers = [[c for c in p.contributions if isinstance(c, Gather)] for p in computed]
     splits = [interior(p.new_vars, p.adjoint.shape, gs) for p, gs in zip(computed, gathers, strict=True)]
 
-    def nest(k: int, opened: int = 0) -> None:
+    def nest(k: int, opened: int = 0, read=None) -> None:
+        """Adjoint k's loop nest, inside `opened` loops already open; only the `read` box of it
+        where given (`clip_split`)."""
         plan, adj = computed[k], computed[k].adjoint
         name = adjoint_name(adj.buffer)
+        split = splits[k] if read is None else clip_split(splits[k], plan.new_vars, adj.shape, read) or splits[k]
 
         def body(gs, at=None, terms=(), terms_dtype=None):
             """acc = the gathers `gs` (and the `terms`, (expression, weight) pairs whose
@@ -174,7 +177,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             em.put(row_gathers(plan, gathers[k], name, w.temp))
             return
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
-        split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms, by_rows)
+        split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
 
     terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
     k = 0
@@ -253,7 +256,7 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest, ope
             em.put(Let(mine, theirs))
     em.staged[name] = (depth, stage)
     level = w.depth
-    nest(k, depth)
+    nest(k, depth, read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)], depth))
     w.depth = level
     nest(k + 1, depth)
     w.depth = base

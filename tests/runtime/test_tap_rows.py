@@ -1,8 +1,9 @@
 """An interior box's windows a row at a time, the window's loops outside the row's
-(`schedule.rows.taps_by_rows`, `gathers.tap_rows`).
+(`schedule.rows.taps_by_rows`, `gathers.tap_rows`); a staged plane computed only where it is read
+(`schedule.stage.read_box`).
 
 Each point adds its terms in the same order either way: the gradients with and without
-HALIDE_AD_SKIP=taps_by_rows must be the same bytes, and PyTorch's values."""
+HALIDE_AD_SKIP=taps_by_rows (read_box) must be the same bytes, and PyTorch's values."""
 import re
 
 import numpy as np
@@ -74,3 +75,31 @@ def test_rows_of_taps_give_the_same_bits(monkeypatch, case, dtype, strided):
     tol = 1e-4 if dtype == np.float32 else 1e-10
     for g, t in zip(grads, torch_args, strict=True):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_staged_plane_is_computed_where_it_is_read(monkeypatch, dtype):
+    """The zero padding's adjoint, a (12, 14) plane of which adj_x reads rows 1 to 10 and
+    columns 1 to 12: its nest runs those, and with HALIDE_AD_SKIP=read_box the whole plane."""
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")
+    args = _inputs("layer", dtype, False)
+    _, grads, _, source = _grads(layer, args)
+    monkeypatch.setenv("HALIDE_AD_SKIP", "read_box")
+    _, whole_grads, _, whole_source = _grads(layer, args)
+    assert _staged_points(source) == {"j2": (1, 10), "j3": (1, 12)}
+    assert _staged_points(whole_source) == {"j2": (0, 11), "j3": (0, 13)}
+    for g, h in zip(grads, whole_grads, strict=True):
+        assert g.tobytes() == h.tobytes()
+
+
+def _staged_points(source: str) -> dict[str, tuple[int, int]]:
+    """The least and greatest row (j2) and column (j3) that the nest writing the staged plane
+    `stage1` sets, from its loops' bounds and its assignments."""
+    start = source.index("stage1 = np.empty")
+    nest = source[start:source.index("\n", source.rindex("stage1[j2, j3]"))]  # to its last store
+    points: dict[str, list[int]] = {"j2": [], "j3": []}
+    for var, lo, hi in re.findall(r"for (j[23]) in range\((\d+), (\d+)\)", nest):
+        points[var] += [int(lo), int(hi) - 1]
+    for var, at in re.findall(r"(j[23]) = (\d+)\n", nest):
+        points[var].append(int(at))
+    return {var: (min(at), max(at)) for var, at in points.items()}
