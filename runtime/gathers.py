@@ -8,7 +8,8 @@ phases of a strided dimension, a separable window's two passes over a ring of ro
 (schedule/separable.py), the corners whose gathers are constant taps as one loop over tables
 (schedule/corners.py); loads read once per iteration are hoisted (schedule/hoist.py); an adjoint
 whose windows walk memory along its last dimension runs a row at a time, in column blocks when
-it is 1-D (schedule/rows.py), built whole as a nest (`row_gathers`).
+it is 1-D (schedule/rows.py), built whole as a nest (`row_gathers`); a box's windows that read
+along its last dimension run a row at a time, each tap added to the whole row (`tap_rows`).
 
 The statements are loop-nest nodes (runtime/loops.py), the weighted sums flat `Chain`
 expressions (`(h1 + h2) * f32_2`), each resolved (`emit.resolve`) where it stands in a Writer that
@@ -27,6 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from halide_ad import config
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var
 from halide_ad.ir import show
 from halide_ad.affine import Affine
@@ -37,6 +39,7 @@ from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Bound, Chain, 
                                      Local, Stmt, Store, block, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
+from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
@@ -51,14 +54,16 @@ def open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> Non
 
 
 def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
-                     opened: int = 0, terms: float = 1) -> None:
+                     opened: int = 0, terms: float = 1, by_rows=None) -> None:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
     `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
     regions beside the box in its last dimension only run inside the box's loop, next to each
     row's interior. Each body is emitted once per region and once per phase. The loops over the
-    first `opened` dimensions are open already; `terms` is the gathers' terms per point."""
+    first `opened` dimensions are open already; `terms` is the gathers' terms per point.
+    `by_rows(gathers, var, lo, hi)` writes the box's gathers over a row of the last dimension,
+    columns lo..hi-1, a row at a time (`tap_rows`) and says whether it did."""
     par = parallel_dim(shape, terms)
     dims = cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
@@ -136,6 +141,9 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
         v = vars_[d]
         if d not in phased:
             lo, hi = box[v] if v in box else (0, shape[d] - 1)
+            if (d == len(vars_) - 1 and d != par and not split.phased and by_rows is not None
+                    and by_rows(split.inside, v, lo, hi + 1)):
+                return
             open_loop(w, em.name(v), lo, hi + 1, d == par)
             box_loops(d + 1, combo, at)
             w.depth -= 1
@@ -320,6 +328,59 @@ def product(loads: tuple[Load, ...]) -> Expr | None:
     return None if not loads else loads[0] if len(loads) == 1 else Chain(Op.MUL, loads)
 
 
+def point_start(like: dict[tuple[Load, ...], float], terms, terms_dtype: str | None, seed: Expr | None,
+                dtype: str) -> tuple[Expr, list[Expr]]:
+    """A point's first term and the sums added to it after (`weighted_sums` of the `like`
+    products and the `terms`): the cotangent `seed` of a seeded adjoint, else the first sum where
+    it is of the adjoint's `dtype` (the terms' may not be), else zero."""
+    sums = weighted_sums([(product(loads), scale) for loads, scale in like.items()] + list(terms), dtype)
+    first = seed if seed is not None else sums.pop(0) if like or sums and terms_dtype == dtype else Const(0, dtype)
+    return first, sums
+
+
+def _like(piece, dtype: str) -> tuple[tuple[Load, ...], float] | None:
+    """(its loads, the constant) for a piece read unconditionally as a constant times loads of
+    `dtype`; else None."""
+    product = None if piece.loops or any(piece.guards) else factors(piece.value)
+    if product is None or not all(x.dtype == dtype for x in product[0]):
+        return None
+    return tuple(sorted(product[0], key=show)), product[1]
+
+
+def tap_rows(gs, var: Var, lo: int, hi: int, index: tuple[Expr, ...], name: str, dtype: str,
+             seed: Expr | None) -> Stmt | None:
+    """The interior box's gathers `gs` over one row, columns lo..hi-1 of `var`, as
+    `taps_by_rows` decides: each point's first terms (`point_start`), stored; then each window's
+    loops around a loop over the row that adds one tap to every point of it, into the adjoint
+    (of `dtype`, not wider: the caller's test), so that LLVM vectorizes along the row. Each point
+    adds its terms in the order the point at a time does (`emit_gather`). None where the
+    decision declines, or where a window would run in lanes (`split_accumulators`, another order)."""
+    if not taps_by_rows(var, gs, name):
+        return None
+    acc, target = Local("acc", dtype), Load(name, index, dtype)
+
+    def along_row(s: Stmt) -> For:
+        return For(var, lo, hi, Kind.SERIAL, block(s))
+
+    like: dict[tuple[Load, ...], float] = {}
+    windows: list[Stmt] = []
+    for g in gs:
+        windows.append(describe(g))
+        for piece in g.pieces:
+            if (key := _like(piece, dtype)) is not None:
+                like[key[0]] = like.get(key[0], 0.0) + key[1]
+                continue
+            point = block(lower.gather_piece(piece, acc))
+            if not config.skipped("split_accumulators") and split_accumulators(point) != point:
+                return None
+            windows.append(nest([(loop.var, loop.lo, loop.hi, Kind.SERIAL) for loop in piece.loops],
+                                along_row(Accumulate(target, piece.value, augmented=True))))
+    first, sums = point_start(like, (), None, seed, dtype)
+    start = along_row(block(Let(acc, first), *(Accumulate(acc, t, augmented=True) for t in sums),
+                            Store(name, index, acc)))
+    return block(start, *windows)
+
+
 def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str,
                  acc_dtype: str) -> None:
     """The gather's pieces, but those read unconditionally as a constant times loads of `dtype`:
@@ -329,10 +390,8 @@ def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], 
     every operation). A long innermost loop adds into LANES partial sums (`split_accumulators`)."""
     w.add(emit.resolve(describe(g), em))
     for piece in g.pieces:
-        product = None if piece.loops or any(piece.guards) else factors(piece.value)
-        if product is not None and all(x.dtype == dtype for x in product[0]):
-            key = tuple(sorted(product[0], key=show))
-            like[key] = like.get(key, 0.0) + product[1]
+        if (key := _like(piece, dtype)) is not None:
+            like[key[0]] = like.get(key[0], 0.0) + key[1]
             continue
         # (a reduction inside the value is computed before the element's sums, outside its guards)
         piece_nest = schedule.run(split_accumulators, block(lower.gather_piece(piece, Local("acc", acc_dtype))))

@@ -13,7 +13,7 @@ argmin), a gather's pieces and the fallback scatters come from runtime/lower.py,
 passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`,
 `fuse_rows`). The split forward nests (`pointwise_split`), the gather loop nests (runtime/gathers.py) and the
 staging here follow the decisions of runtime/schedule/ (`interior`, `pointwise_split`,
-`separable_window`, `tabled_points`, `hoist_loads`, `gathers_by_rows`, `column_blocks`,
+`separable_window`, `tabled_points`, `hoist_loads`, `gathers_by_rows`, `column_blocks`, `taps_by_rows`,
 `stage_depth`, `row_group`) while they write their statements, nodes resolved where they stand
 (runtime/gathers.py says why), into a Writer, with the loops around them as For nodes, so that
 emit.py outlines every parallel loop from the nest.
@@ -28,15 +28,15 @@ from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
 from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Source, Stmt, Store, block, walk
-from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, product, row_gathers,
-                                       split_loop_nest, weighted_sums, wide_gathers)
+from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, point_start, row_gathers,
+                                       split_loop_nest, tap_rows, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
-from halide_ad.runtime.schedule.stage import row_group, stage_depth
+from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
 from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import flat_index, walk as walk_expr
 
@@ -145,9 +145,12 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     gathers = [[c for c in p.contributions if isinstance(c, Gather)] for p in computed]
     splits = [interior(p.new_vars, p.adjoint.shape, gs) for p, gs in zip(computed, gathers, strict=True)]
 
-    def nest(k: int, opened: int = 0) -> None:
+    def nest(k: int, opened: int = 0, read=None) -> None:
+        """Adjoint k's loop nest, inside `opened` loops already open; only the `read` box of it
+        where given (`clip_split`)."""
         plan, adj = computed[k], computed[k].adjoint
         name = adjoint_name(adj.buffer)
+        split = splits[k] if read is None else clip_split(splits[k], plan.new_vars, adj.shape, read) or splits[k]
 
         def body(gs, at=None, terms=(), terms_dtype=None):
             """acc = the gathers `gs` (and the `terms`, (expression, weight) pairs whose
@@ -160,21 +163,29 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             like: dict[tuple[Load, ...], float] = {}
             for g in gs:
                 emit_gather(guarded, em, g, like, adj.dtype, acc.dtype)
-            sums = weighted_sums([(product(loads), scale) for loads, scale in like.items()] + list(terms), adj.dtype)
-            # the first sum starts acc where it is of acc's dtype (the terms' may not be)
-            first = (Load("ct_" + adj.buffer, index, adj.dtype) if adj.seeded else
-                     sums.pop(0) if like or sums and terms_dtype == adj.dtype else Const(0, adj.dtype))
+            seed = Load("ct_" + adj.buffer, index, adj.dtype) if adj.seeded else None
+            first, sums = point_start(like, terms, terms_dtype, seed, adj.dtype)
             em.put(Let(acc, Cast("float64", first) if wide else first),
                    *(Accumulate(acc, term, augmented=True) for term in sums))
             w.extend(guarded)
             em.put(Store(name, index, acc))
+
+        def by_rows(gs, var, lo, hi) -> bool:
+            """The box's gathers over a row, a row at a time (`tap_rows`), where they run so."""
+            if em.hoisted or wide_gathers(gs, adj):
+                return False
+            seed = Load("ct_" + adj.buffer, plan.new_vars, adj.dtype) if adj.seeded else None
+            rows = tap_rows(gs, var, lo, hi, plan.new_vars, name, adj.dtype, seed)
+            if rows is not None:
+                em.put(rows)
+            return rows is not None
 
         if not opened and splits[k] is None and gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
             em.index(name, plan.new_vars, name)  # (the adjoint first among the buffers its rows use)
             em.put(row_gathers(plan, gathers[k], name, w.temp))
             return
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
-        split_loop_nest(w, em, plan.new_vars, adj.shape, splits[k], body, gathers[k], name, opened, terms)
+        split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
 
     terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
     k = 0
@@ -255,7 +266,7 @@ def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest, ope
             em.put(Let(mine, theirs))
     em.staged[name] = (depth, stage)
     level = w.depth
-    nest(k, depth)
+    nest(k, depth, read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)], depth))
     w.depth = level
     nest(k + 1, depth)
     w.depth = base

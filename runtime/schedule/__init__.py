@@ -20,14 +20,17 @@ Decisions, pure functions of the IR, each tested on data:
 * `separable.py`, `separable_window`: whether the separable window runs as two passes.
 * `corners.py`, `tabled_points`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `hoist_loads`: the loads an iteration reads once, at its top.
-* `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time.
-* `stage.py`, `stage_depth`: two adjoints run a plane at a time together; `row_group`:
+* `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time; `taps_by_rows`:
+  an interior box's windows run a row at a time, the window's loops outside the row's.
+* `stage.py`, `stage_depth`: two adjoints run a plane at a time together, the first computed only
+  where the second reads it (`read_box`, `clip_split`); `row_group`:
   consecutive adjoints run a row (a plane) of each per iteration of one parallel loop.
 * `rfactor.py`, `split_reduction`: a long reduction to one point as parallel partial results.
 
 Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
 was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the
-nests a pass returns.
+nests a pass returns. HALIDE_AD_SKIP=taps_by_rows and read_box turn those
+decisions off too.
 """
 from __future__ import annotations
 

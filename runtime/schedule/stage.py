@@ -1,14 +1,19 @@
 """stage_planes: two adjoints run a plane at a time together, the first one's plane kept in a
 local array that the second reads while it is in cache, instead of a buffer written out and read
 back (the maxpool gradient that a blur's gradient reads, in a blur -> relu -> maxpool pipeline).
-runtime/kernels.py opens the shared loops and prints both nests inside them."""
+runtime/kernels.py opens the shared loops and prints both nests inside them. The first computes
+only the part of its plane that the second reads (`read_box`, `clip_split`;
+HALIDE_AD_SKIP=read_box computes the whole plane)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
-from halide_ad.ir import Load, adjoint_name
+from halide_ad import config
+from halide_ad.affine import linear_form
+from halide_ad.ir import Load, Var, adjoint_name
 from halide_ad.solver.bounds import checked_at_run_time
-from halide_ad.runtime.schedule.boundary import cut_dims, piece_exprs
+from halide_ad.runtime.schedule.boundary import Box, Split, cut_dims, piece_exprs
 from halide_ad.runtime.schedule.parallel import parallel_dim
 from halide_ad.runtime.schedule.rows import gathers_by_rows
 from halide_ad.traverse import walk
@@ -95,3 +100,47 @@ def _at_own_planes(loads: list[Load], plan, depth: int) -> bool:
     """Whether each of `loads` reads the plane of adjoint `plan`'s leading `depth` variables."""
     return all(n.index[:depth] == plan.new_vars[:depth] and not any(map(checked_at_run_time, n.index))
                for n in loads)
+
+
+def read_box(producer, consumer, gathers, depth: int) -> Box | None:
+    """The part of a staged producer's plane that the consumer's `gathers` read, as inclusive
+    ranges of the producer's variables past `depth`, where each read's index there is one of the
+    consumer's variables plus a constant (a zero padding's adjoint read at `j + 1`); None where
+    they read it all, or otherwise."""
+    if config.skipped("read_box"):
+        return None
+    shape, ranges = producer.adjoint.shape, {}
+    for n in _loads(gathers, {adjoint_name(producer.adjoint.buffer)}):
+        for d in range(depth, len(shape)):
+            form = linear_form(n.index[d])
+            if form is None or len(form[0]) != 1 or next(iter(form[0].items()))[1] != 1:
+                return None
+            (v, _), c = next(iter(form[0].items())), form[1]
+            if v not in consumer.new_vars:
+                return None
+            lo, hi = c, consumer.adjoint.shape[consumer.new_vars.index(v)] - 1 + c
+            old = ranges.get(producer.new_vars[d], (lo, hi))
+            ranges[producer.new_vars[d]] = (max(0, min(lo, old[0])), min(shape[d] - 1, max(hi, old[1])))
+    full = {v: (0, shape[d] - 1) for d, v in enumerate(producer.new_vars) if d >= depth}
+    return ranges if ranges and ranges != full else None
+
+
+def clip_split(split: Split | None, vars_: tuple[Var, ...], shape, read: Box) -> Split | None:
+    """`split` with its box and regions cut to the `read` box, the regions left empty dropped;
+    None where the nest is not one that the box and its regions cover (phases, a separable
+    window, no regions) or a dimension `read` cuts is not one the box cuts."""
+    if (split is None or split.phased or split.separable is not None or not split.outside
+            or not {vars_.index(v) for v in read} <= set(cut_dims(vars_, shape, split))):
+        return None
+
+    def cut(box: Box) -> Box | None:
+        out = dict(box)
+        for v, (lo, hi) in read.items():
+            a, b = box.get(v, (0, shape[vars_.index(v)] - 1))
+            out[v] = (max(a, lo), min(b, hi))
+        return None if any(lo > hi for lo, hi in out.values()) else out
+
+    box = cut(split.box)
+    if box is None:
+        return None
+    return replace(split, box=box, outside=tuple((r, gs) for region, gs in split.outside if (r := cut(region))))

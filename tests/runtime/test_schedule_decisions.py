@@ -13,7 +13,7 @@ from halide_ad.runtime.schedule.boundary import box_ranges
 from halide_ad.runtime.schedule.parallel import choose_parallel, region_parallel
 from halide_ad.runtime.schedule.phases import pointwise_split
 from halide_ad.runtime.schedule.rfactor import MAX_PARTS, split_reduction
-from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows
+from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows, taps_by_rows
 from halide_ad.runtime.schedule.separable import MAX_SEPARABLE_TEMP, ring_rows, separable_window
 from halide_ad.runtime.writer import Writer
 from halide_ad.solver import Gather, GatherPiece
@@ -94,6 +94,27 @@ def test_gathers_run_by_rows_when_their_windows_walk_the_last_dimension():
     assert not gathers_by_rows((j,), (256,), [no_window])
     bounded_by_j = _gather(_piece(_x(r, j), loops=[Range(r, 0, j)]))
     assert not gathers_by_rows((j,), (256,), [bounded_by_j])
+
+
+def test_taps_run_by_rows_when_a_window_walks_the_last_dimension(monkeypatch):
+    """The decision of `gathers.tap_rows`: a window's reads step with j (even as they move with
+    the window); no guard, no bound that moves with j, no reduction inside, no read of the
+    adjoint written."""
+    shifted = _gather(_piece(_times(_x(Bin(Op.SUB, j, r)), _x(r, buffer="w")), loops=[Range(r, 0, 3)]))
+    assert taps_by_rows(j, [shifted], "adj_x")
+    assert not taps_by_rows(j, [_gather(_piece(_x(j)))], "adj_x")  # no window
+    assert not taps_by_rows(j, [_gather(_piece(_x(j, r), loops=[Range(r, 0, 3)]))], "adj_x")  # reads across j
+    guarded = _piece(_x(Bin(Op.SUB, j, r)), loops=[Range(r, 0, 3)],
+                     guards=((), (Bin(Op.LT, r, Const(2, INDEX_DTYPE)),)))
+    assert not taps_by_rows(j, [_gather(guarded)], "adj_x")
+    assert not taps_by_rows(j, [_gather(_piece(_x(Bin(Op.SUB, j, r)), loops=[Range(r, 0, j)]))], "adj_x")
+    assert not taps_by_rows(j, [_gather(_piece(_x(Bin(Op.SUB, j, r), buffer="adj_x"), loops=[Range(r, 0, 3)]))],
+                            "adj_x")
+    summed = Reduce("sum", _x(r, buffer="w"), (Range(r, 0, 3),), None)
+    assert not taps_by_rows(j, [_gather(_piece(_times(_x(Bin(Op.SUB, j, r)), summed), loops=[Range(r, 0, 3)]))],
+                            "adj_x")
+    monkeypatch.setenv("HALIDE_AD_SKIP", "taps_by_rows")
+    assert not taps_by_rows(j, [shifted], "adj_x")
 
 
 def test_column_blocks_split_only_a_long_one_dimensional_adjoint(monkeypatch):
