@@ -23,7 +23,7 @@ from halide_ad.runtime.execute import BackwardRun, ForwardRun, Kernel
 from halide_ad.runtime.plans import AdjointPlan
 from halide_ad.tensor import Tensor, compute
 from halide_ad.trace import TraceState, current, tracing
-from halide_ad.traverse import walk
+from halide_ad.traverse import live_funcs
 from halide_ad.trees import flatten
 
 
@@ -386,7 +386,7 @@ class Function:
                 if leaf.name in outputs or leaf.name in {b.name for b in state.inputs}:
                     leaf = _copy(leaf)  # every output gets a buffer of its own
                 outputs.append(leaf.name)
-        funcs = _live_funcs(state.funcs, outputs, state.overrides)
+        funcs = live_funcs(state.funcs, outputs, state.overrides)
         live = {f.name for f in funcs}
         overrides = tuple(o for o in state.overrides if live & set(o.outputs))
         program = without_unused_argindex(
@@ -422,18 +422,6 @@ def _shared(traced: Traced) -> Traced:
 
 def _copy(t: Tensor) -> Tensor:
     return compute(t.shape, lambda *i: t[i], name=f"{t.name}_out")
-
-
-def _live_funcs(funcs: list[ir.Func], outputs: list[str], overrides=()) -> tuple[ir.Func, ...]:
-    """The Funcs that an output reads, or a custom rule's reverse mode (`overrides`) of one."""
-    rules = {name: o for o in overrides for name in o.outputs}
-    live = set(outputs)
-    for f in reversed(funcs):
-        if f.name in live:
-            live.update(n.buffer for n in walk(f.body) if isinstance(n, ir.Load))
-            if f.name in rules:
-                live.update(n.buffer for s in rules[f.name].scatters for n in walk(s.value) if isinstance(n, ir.Load))
-    return tuple(f for f in funcs if f.name in live)
 
 
 _wrapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

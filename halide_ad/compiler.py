@@ -33,7 +33,7 @@ from halide_ad.runtime.schedule import piece_exprs
 from halide_ad.runtime.updates import compile_with_updates, emit_reverse_scan
 from halide_ad.show import show_scatter
 from halide_ad.solver import Fallback, Gather, invert, z3_bridge
-from halide_ad.traverse import walk
+from halide_ad.traverse import live_funcs, walk
 
 
 def _dump(stage: str, text: str) -> None:
@@ -96,7 +96,7 @@ def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Progr
     scratch buffers of the split reductions, and the Funcs that must be stored (outputs, and
     what the gradients read; every Func under HALIDE_AD_SKIP=fuse)."""
     if not for_gradients:  # a plain call skips what only a gradient reads (a custom rule's factors)
-        program = replace(program, funcs=_read_by_outputs(program))
+        program = replace(program, funcs=live_funcs(program.funcs, program.outputs))
     funcs, scratch, taken = [], [], {b.name for b in program.inputs} | {f.name for f in program.funcs}
     stored_shapes = _shapes(program)
     is_contraction = lambda f: _func_contraction(f, stored_shapes) is not None  # noqa: E731
@@ -110,15 +110,6 @@ def _forward_stages(program: Program, for_gradients: bool = True) -> tuple[Progr
         funcs += parts or [f]
     stored = {f.name for f in funcs} if needed is None else set(program.outputs) | set(needed)
     return replace(program, funcs=tuple(funcs)), tuple(scratch), stored
-
-
-def _read_by_outputs(program: Program) -> tuple:
-    """The Funcs that an output reads: not those that only a custom rule's reverse mode reads."""
-    live = set(program.outputs)
-    for f in reversed(program.funcs):
-        if f.name in live:
-            live.update(n.buffer for n in walk(f.body) if isinstance(n, Load))
-    return tuple(f for f in program.funcs if f.name in live)
 
 
 def engine_choices(program: Program, *wrts: tuple[str, ...]) -> dict[tuple[str, str], str]:

@@ -196,3 +196,16 @@ def flat_index(rvars: tuple[Range, ...]) -> Expr:
     for r in rvars:
         out = Bin(Op.ADD, Bin(Op.MUL, out, const(r.extent)), Bin(Op.SUB, r.var, const(r.lo)))
     return simplify(out)
+
+
+def live_funcs(funcs, outputs, overrides=()) -> tuple:
+    """The Funcs that an output reads, or a custom rule's reverse mode (`overrides`) of one. A
+    plain call's forward passes no overrides: it skips what only a gradient reads."""
+    rules = {name: o for o in overrides for name in o.outputs}
+    live = set(outputs)
+    for f in reversed(funcs):
+        if f.name in live:
+            live.update(n.buffer for n in walk(f.body) if isinstance(n, Load))
+            if f.name in rules:
+                live.update(n.buffer for s in rules[f.name].scatters for n in walk(s.value) if isinstance(n, Load))
+    return tuple(f for f in funcs if f.name in live)
