@@ -9,10 +9,10 @@ that it is compiled once and can be differentiated again (to any order):
 `fn` is an `hd.func` of `count` positional arguments; cotangents and tangents come flat, one per
 output leaf, and one per position.
 
-`Gradient` runs a gradient program's values at the top level instead (`hd.vjp` on arrays: the
-backward pass's own kernels, where a scatter through data-dependent indices stays a scatter rather
-than an update definition), and stands for `gradient_program` where it is differentiated again. `transposed` finds, for a
-tangent program, the gradient that is its transpose.
+`Gradient` computes a gradient program's values at the top level instead, with the forward and
+backward kernels that `hd.vjp` on arrays builds for `fn` (and caches with its trace), so a first
+derivative compiles no program of its own; where it is differentiated again it stands for
+`gradient_program`. `transposed` finds, for a tangent program, the gradient that is its transpose.
 """
 from __future__ import annotations
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import replace
 
+import numpy as np
+
 from halide_ad import ir
 from halide_ad.ad import reverse_mode
 from halide_ad.affine import Affine, linear_form
@@ -43,7 +45,7 @@ from halide_ad.solver.bounds import interval
 from halide_ad.solver.invert import GatherPiece
 from halide_ad.solver.updates import check_write_bounds
 from halide_ad.stages import add_func, lift_reductions
-from halide_ad.tensor import BoundaryView, Tensor, compute
+from halide_ad.tensor import BoundaryView, Tensor, captured, compute
 from halide_ad.trace import TraceState, current
 from halide_ad.traverse import conjunction, free_vars, rewrite, simplify, substitute, walk
 from halide_ad.trees import flatten
@@ -317,6 +319,14 @@ def _argindex_func(state: TraceState, f: Func, made: dict[str, Func]) -> Func:
 
 # ---- the transformations, while tracing ---------------------------------------------------------
 
+def _lift(args: tuple, positions) -> tuple:
+    """`args` with each float numpy array at `positions` made a Tensor of the trace (a captured
+    array, halide_ad/capture.py), so that it can be differentiated, as JAX's transformations
+    differentiate a numpy argument."""
+    return tuple(captured(a) if k in positions and isinstance(a, np.ndarray) and a.dtype.kind == "f" else a
+                 for k, a in enumerate(args))
+
+
 def _argnums(args: tuple, argnums: tuple, fn_name: str) -> tuple[int, ...]:
     out = []
     for k in argnums:
@@ -340,6 +350,7 @@ def _argnums(args: tuple, argnums: tuple, fn_name: str) -> tuple[int, ...]:
 
 def value_and_grad(fn, argnums: tuple[int, ...], single: bool, args: tuple, kwargs: dict):
     name = getattr(fn, "__name__", "fn")
+    args = _lift(args, {k % len(args) for k in argnums if isinstance(k, int) and -len(args) <= k < len(args)})
     nums = _argnums(args, argnums, name)
     traced = _Traced(fn, args, kwargs, tuple(dict.fromkeys(nums)), name)
     (out,) = traced.outputs if len(traced.outputs) == 1 else (None,)
@@ -354,6 +365,7 @@ def value_and_grad(fn, argnums: tuple[int, ...], single: bool, args: tuple, kwar
 
 def vjp(fn, args: tuple, kwargs: dict):
     name = getattr(fn, "__name__", "fn")
+    args = _lift(args, range(len(args)))
     diff = tuple(k for k, a in enumerate(args) if isinstance(a, (Tensor, BoundaryView)))
     traced = _Traced(fn, args, kwargs, diff, name)
 

@@ -219,6 +219,30 @@ def test_value_and_grad_and_vjp_while_tracing(rng):
     np.testing.assert_allclose(pulled, np.sin(x) * x * (np.cos(x) * x + np.sin(x)), rtol=1e-12)
 
 
+def test_numpy_arguments_of_a_transformation_while_tracing_are_differentiated(rng):
+    """A numpy array passed to hd.grad's argnums or to hd.vjp while tracing (here `w`, from a
+    closure) is differentiated, as JAX does, not refused for not being a traced array."""
+    x, w = rng.standard_normal(6), rng.standard_normal(6)
+
+    def f(x, w):
+        return hd.sum(hd.sin(x) * w * x)
+
+    def total_of_w_gradient(x):
+        return hd.sum(hd.grad(f, argnums=1)(x, w))  # d f / d w = sin(x) x
+
+    np.testing.assert_allclose(hd.grad(total_of_w_gradient)(x), np.cos(x) * x + np.sin(x), rtol=1e-12)
+    eps, total = 1e-6, lambda v: np.sum(np.sin(v) * v)
+    fd = np.array([total(x + eps * e) - total(x - eps * e) for e in np.eye(6)]) / (2 * eps)
+    np.testing.assert_allclose(hd.grad(total_of_w_gradient)(x), fd, rtol=1e-6)
+
+    @hd.func
+    def pulled(x):
+        _, f_vjp = hd.vjp(lambda x, w: hd.sin(x) * w, x, w)
+        return f_vjp(x)[1]  # the cotangent x pulled back to w: x sin(x)
+
+    np.testing.assert_allclose(pulled(x), x * np.sin(x), rtol=1e-12)
+
+
 def test_max_pool_and_product_reductions_differentiate_twice(rng):
     """A 2x2/2 max pool (its gradient reads where the maximum was: an argmax Func of the program)
     and a product (its gradient holds the product of the other elements: a reduction of its own)."""
