@@ -99,16 +99,57 @@ def assemble(pieces, window: tuple[slice, ...]) -> np.ndarray:
     return out
 
 
-def gathered(results):
+_destinations: dict[str, np.ndarray] = {}  # array name -> what a compute() in this process gathers it into
+
+
+@contextlib.contextmanager
+def gathering(name: str, shape: tuple[int, ...], dtype):
+    """While a `compute()` in this process gathers the array `name`, the tasks that run in this
+    process (dask's threaded and synchronous schedulers) copy their chunks into one array from
+    the buffer pool (`placed`), which `gathered` then returns as it is."""
+    dest = _destinations[name] = pool.empty(shape, dtype)
+    try:
+        yield
+    finally:
+        if _destinations.get(name) is dest:  # (a compute of the same array on another thread may follow)
+            del _destinations[name]
+
+
+def placed(chunk: np.ndarray, name: str, at: tuple[slice, ...]) -> np.ndarray:
+    """Array `name`'s chunk at `at`, as a task returns it: copied into the array that a compute()
+    in this process gathers `name` into, where there is one; else the view of the kernel's
+    buffer. The copy runs in the task, on the task's share of the cores and while the block is
+    fresh in the cache, rather than in one thread after every task; and the block's buffer goes
+    back to the pool for the next task (the views held every block until the end)."""
+    dest = _destinations.get(name)
+    if dest is None:
+        return chunk
+    dest[at] = chunk
+    return dest[at]
+
+
+def gathered(results, name: str | None = None):
     """An array computed from its chunks' results (nested lists, as dask gives them to
-    `__dask_postcompute__`'s function), copied into one from the buffer pool."""
+    `__dask_postcompute__`'s function): the array that `placed` copied every chunk into, else
+    the chunks copied into one from the buffer pool."""
     if not isinstance(results, list):  # a 0-d array's one chunk
         return np.array(results)
+    dest = _destinations.get(name)
+    if dest is not None and all(getattr(r, "base", None) is dest for r in _leaves(results)):
+        return dest
     return assemble(results, (slice(None),) * _depth(results))
 
 
 def _depth(pieces) -> int:
     return 1 + _depth(pieces[0]) if isinstance(pieces, list) else 0
+
+
+def _leaves(pieces):
+    if not isinstance(pieces, list):
+        yield pieces
+        return
+    for p in pieces:
+        yield from _leaves(p)
 
 
 def arrays_of(inputs: list, weights: list) -> dict[str, np.ndarray]:
@@ -146,21 +187,25 @@ def task_threads():
         _running += 1
         share = max(1, _cores() // _running)
     before = numba.get_num_threads()
-    numba.set_num_threads(share)
+    if share != before:  # (most tasks: no change to make)
+        numba.set_num_threads(share)
     try:
         with one_blas_thread() if share == 1 else contextlib.nullcontext():
             yield share
     finally:
-        numba.set_num_threads(before)
+        if share != before:
+            numba.set_num_threads(before)
         with _running_lock:
             _running -= 1
 
 
 def forward_task(block: Block, inputs: list, weights: list, crops: dict) -> tuple:
+    """Each output's chunk: `crops` holds, per output, its crop of the block and where the chunk
+    goes in the whole output (the output array's name, its slices)."""
     with task_threads():
         arrays = arrays_of(inputs, weights)
         buffers = kernels(block, "forward")(arrays)
-    return tuple(buffers[o][crop] for o, crop in crops.items())  # (views keep pooled buffers from reuse)
+        return tuple(placed(buffers[o][crop], *where) for o, (crop, where) in crops.items())
 
 
 def backward_task(block: Block, inputs: list, weights: list, cts: list, crops: dict) -> tuple:
@@ -193,7 +238,7 @@ def _backward(block: Block, inputs: list, weights: list, cts: list, crops: dict)
     chunked = ()
     if block.inputs:
         grads = kernels(block, "inputs")(buffers, seeds(0))
-        chunked = tuple(grads[name][crop] for name, crop in crops.items())
+        chunked = tuple(placed(grads[name][crop], *where) for name, (crop, where) in crops.items())
     if not block.weights:
         return chunked, ()
     grads = kernels(block, "weights")(buffers, seeds(1))

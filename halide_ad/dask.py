@@ -23,7 +23,7 @@ from halide_ad import ir
 from halide_ad.api import as_function, Function
 from halide_ad.arguments import classify
 from halide_ad.trees import leaves_like
-from halide_ad.blocks import Block, add, backward_task, forward_task, gathered, nested_getitem
+from halide_ad.blocks import Block, add, backward_task, forward_task, gathered, gathering, nested_getitem
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
 from halide_ad.compiler import engine_choices
 from halide_ad.errors import DTypeError, HalideADWarning, ShapeError
@@ -80,10 +80,15 @@ class _Result(da.Array):
     """An output or gradient of halide_ad.dask: `compute()` copies its chunks into an array from
     halide_ad's buffer pool, as the unchunked function's results come (dask's own copy is into a
     fresh array, whose first touch the OS pays for: 0.15-2 s for 256 MiB here, as the kernels'
-    whole run). Arrays derived from it are dask's own."""
+    whole run). Its own `compute()` has the tasks that run in this process copy their chunks into
+that array as they finish (`blocks.placed`). Arrays derived from it are dask's own."""
 
     def __dask_postcompute__(self):
-        return gathered, ()
+        return gathered, (self.name,)
+
+    def compute(self, **kwargs):
+        with gathering(self.name, self.shape, self.dtype):  # (the tasks in this process copy into it)
+            return super().compute(**kwargs)
 
 
 def _boundaries(chunks: tuple[int, ...]) -> list[int]:
@@ -270,12 +275,12 @@ class _Call:
             key = tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes))
             crops = {}
             for o in program.outputs:
-                crop = [slice(None)] * len(lay.shapes[o])
+                crop, at = [slice(None)] * len(lay.shapes[o]), [slice(None)] * len(lay.shapes[o])
                 for i, a in enumerate(self.axes):
                     off = plans[a][index[i]][0] // lay.scale[a][o]
                     lo, hi = self.output_chunks(o, a)[index[i]]
-                    crop[a] = slice(lo - off, hi - off)
-                crops[o] = tuple(crop)
+                    crop[a], at[a] = slice(lo - off, hi - off), slice(lo, hi)
+                crops[o] = (tuple(crop), (f"{prefix}-{o}", tuple(at)))
             tasks[(f"{prefix}-blocks", *index)] = (forward_task, block_keys[key],
                                                   self._input_pieces(index, plans), weights, crops)
         blocks_name = f"{prefix}-blocks"
@@ -334,13 +339,11 @@ class _Call:
                 if not summed:
                     regions[1] = [None]
                 cts.append([o, *self._placements(o, ct, index, plans, per_axis, regions)])
-            crops = {}
-            for x in chunked:
-                crop = [slice(None)] * self.ndim
-                for i, a in enumerate(self.axes):
-                    start = plans[a][index[i]][0]
-                    crop[a] = slice(self.bounds[a][index[i]] - start, self.bounds[a][index[i] + 1] - start)
-                crops[x] = tuple(crop)
+            crop, at = [slice(None)] * self.ndim, [slice(None)] * self.ndim
+            for i, a in enumerate(self.axes):
+                start, lo, hi = plans[a][index[i]][0], self.bounds[a][index[i]], self.bounds[a][index[i] + 1]
+                crop[a], at[a] = slice(lo - start, hi - start), slice(lo, hi)
+            crops = {x: (tuple(crop), (f"{prefix}-grad-{x}", tuple(at))) for x in chunked}
             tasks[(f"{prefix}-blocks", *index)] = (backward_task, block_keys[key],
                                                   self._input_pieces(index, plans), weights, cts, crops)
         blocks_name = f"{prefix}-blocks"
