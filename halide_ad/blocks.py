@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numba
@@ -109,42 +110,55 @@ def assemble(pieces, window: tuple[slice, ...], out: np.ndarray | None = None) -
     return out
 
 
-_destinations: dict[str, np.ndarray] = {}  # array name -> what a compute() in this process gathers it into
+class Destination:
+    """The array that a compute in this process gathers the array `name` into, allocated from
+    the buffer pool by the first task that copies its chunk into it (`placed`). It lives as long
+    as the compute's graph holds it (as an argument of the final task, `gathered`); until then,
+    tasks in this process find it by name. In another process (a dask.distributed worker) it is
+    None: each chunk goes back whole, and `gathered` copies them."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype):
+        self.name, self.shape, self.dtype = name, shape, dtype
+        self.array: np.ndarray | None = None
+        self.lock = threading.Lock()
+        _destinations[name] = self
+
+    def get(self) -> np.ndarray:
+        with self.lock:
+            if self.array is None:
+                self.array = pool.empty(self.shape, self.dtype)
+            return self.array
+
+    def __reduce__(self):
+        return type(None), ()
 
 
-@contextlib.contextmanager
-def gathering(name: str, shape: tuple[int, ...], dtype):
-    """While a `compute()` in this process gathers the array `name`, the tasks that run in this
-    process (dask's threaded and synchronous schedulers) copy their chunks into one array from
-    the buffer pool (`placed`), which `gathered` then returns as it is."""
-    dest = _destinations[name] = pool.empty(shape, dtype)
-    try:
-        yield
-    finally:
-        if _destinations.get(name) is dest:  # (a compute of the same array on another thread may follow)
-            del _destinations[name]
+_destinations: weakref.WeakValueDictionary[str, Destination] = weakref.WeakValueDictionary()
 
 
 def placed(chunk: np.ndarray, name: str, at: tuple[slice, ...]) -> np.ndarray:
-    """Array `name`'s chunk at `at`, as a task returns it: copied into the array that a compute()
+    """Array `name`'s chunk at `at`, as a task returns it: copied into the array that a compute
     in this process gathers `name` into, where there is one; else the view of the kernel's
     buffer. The copy runs in the task, on the task's share of the cores and while the block is
     fresh in the cache, rather than in one thread after every task; and the block's buffer goes
     back to the pool for the next task (the views held every block until the end)."""
-    dest = _destinations.get(name)
-    if dest is None:
+    destination = _destinations.get(name)
+    if destination is None:
         return chunk
+    dest = destination.get()
     dest[at] = chunk
     return dest[at]
 
 
-def gathered(results, name: str | None = None):
+def gathered(results, destination: Destination | None = None):
     """An array computed from its chunks' results (nested lists, as dask gives them to
     `__dask_postcompute__`'s function): the array that `placed` copied every chunk into, else
     the chunks copied into one from the buffer pool."""
+    if destination is not None and _destinations.get(destination.name) is destination:
+        _destinations.pop(destination.name, None)  # it is a result now: no task writes into it again
     if not isinstance(results, list):  # a 0-d array's one chunk
         return np.array(results)
-    dest = _destinations.get(name)
+    dest = None if destination is None else destination.array
     if dest is not None and all(getattr(r, "base", None) is dest for r in _leaves(results)):
         return dest
     return assemble(results, (slice(None),) * _depth(results))

@@ -23,7 +23,7 @@ from halide_ad import ir
 from halide_ad.api import as_function, Function
 from halide_ad.arguments import classify
 from halide_ad.trees import leaves_like
-from halide_ad.blocks import (Block, add, backward_task, both, forward_task, gathered, gathering,
+from halide_ad.blocks import (Block, Destination, add, backward_task, both, forward_task, gathered,
                               nested_getitem)
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
 from halide_ad.compiler import engine_choices
@@ -81,15 +81,11 @@ class _Result(da.Array):
     """An output or gradient of halide_ad.dask: `compute()` copies its chunks into an array from
     halide_ad's buffer pool, as the unchunked function's results come (dask's own copy is into a
     fresh array, whose first touch the OS pays for: 0.15-2 s for 256 MiB here, as the kernels'
-    whole run). Its own `compute()` has the tasks that run in this process copy their chunks into
-that array as they finish (`blocks.placed`). Arrays derived from it are dask's own."""
+    whole run). A compute of it has the tasks that run in this process copy their chunks into that
+array as they finish (`blocks.Destination`). Arrays derived from it are dask's own."""
 
     def __dask_postcompute__(self):
-        return gathered, (self.name,)
-
-    def compute(self, **kwargs):
-        with gathering(self.name, self.shape, self.dtype):  # (the tasks in this process copy into it)
-            return super().compute(**kwargs)
+        return gathered, (Destination(self.name, self.shape, self.dtype),)
 
 
 def _boundaries(chunks: tuple[int, ...]) -> list[int]:

@@ -172,9 +172,9 @@ def test_results_come_from_the_buffer_pool_and_are_never_shared(rng):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("scheduler", ["threads", "sync"])
-def test_compute_has_the_tasks_copy_their_chunks_into_the_result(scheduler, dtype, rng, monkeypatch):
-    """`compute()` in this process: each task copies its chunk into the result (edge chunks
-    included), and no copy of the whole array follows; `dask.compute` gathers the chunks after."""
+def test_a_compute_has_the_tasks_copy_their_chunks_into_the_result(scheduler, dtype, rng, monkeypatch):
+    """Each task in this process copies its chunk into the result (edge chunks included), and
+    no copy of the whole array follows; a result handed out is never written again."""
     x = rng.standard_normal((26, 20)).astype(dtype)[::2, 1:]  # non-contiguous, uneven edge chunks
     want = P.blur(np.ascontiguousarray(x), "repeat_edge")
     assembled, assemble = [], blocks.assemble
@@ -185,13 +185,14 @@ def test_compute_has_the_tasks_copy_their_chunks_into_the_result(scheduler, dtyp
         return out
     monkeypatch.setattr(blocks, "assemble", spied)
     y = hdd.function(P.blur)(_chunked(x, (4, 5)), "repeat_edge")
-    got = y.compute(scheduler=scheduler)
-    assert got.dtype == dtype and got.flags.c_contiguous and got.base is None
-    np.testing.assert_array_equal(got, want)
-    assert x.shape not in assembled and not blocks._destinations  # (the tasks assembled their blocks)
-    (again,) = dask.compute(y, scheduler=scheduler)
-    np.testing.assert_array_equal(again, want)
-    assert x.shape in assembled
+    for got in (y.compute(scheduler=scheduler), dask.compute(y, y + 1, scheduler=scheduler)[0]):
+        assert got.dtype == dtype and got.flags.c_contiguous and got.base is None
+        np.testing.assert_array_equal(got, want)
+        got[...] = 0
+    assert x.shape not in assembled  # (the tasks assembled their blocks, no more)
+    assert not blocks._destinations
+    np.testing.assert_array_equal((y * 2).compute(scheduler=scheduler), 2 * want)  # chunks returned whole
+    assert not got.any()  # (a later compute did not write into a result held)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
