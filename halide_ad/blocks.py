@@ -24,9 +24,10 @@ from halide_ad.runtime.route import engines
 class Block:
     """A block program, sent to each worker once as a piece of the graph; `key` names its kernels
     in this process. A gradient runs two passes, seeded differently (one for the chunked inputs,
-    one for the weights), or one for both where the seeds are the same. `engines`: (output, formula, engine) of each contraction, as
-    the whole program chose them (`compiler.engine_choices`), which the block's take whatever
-    their sizes, so that they sum in the same order."""
+    one for the weights), or one for both where the seeds are the same. `engines`: (output,
+    formula, engine) of each contraction, as the whole program chose them
+    (`compiler.engine_choices`), which the block's take whatever their sizes, so that they sum
+    in the same order."""
     key: str
     program: ir.Program
     inputs: tuple[str, ...] = ()   # the chunked float inputs
@@ -252,7 +253,8 @@ def _backward(block: Block, inputs: list, weights: list, cts: list, crops: dict)
     for kind, which in passes:
         seeds = {name: _seed(pieces, places[which], shape, block.program.func(name).dtype)
                  for name, pieces, places, shape in cts}
-        grads |= kernels(block, kind)(buffers, seeds)
+        got = kernels(block, kind)(buffers, seeds)  # (and the adjoints of stages, which stay here)
+        grads |= {name: got[name] for name in wrt(block, kind)}
     return (tuple(placed(grads[name][crop], *where) for name, (crop, where) in crops.items()),
             tuple(grads[name] for name in block.weights))
 
