@@ -23,7 +23,8 @@ from halide_ad import ir
 from halide_ad.api import as_function, Function
 from halide_ad.arguments import classify
 from halide_ad.trees import leaves_like
-from halide_ad.blocks import Block, add, backward_task, forward_task, gathered, nested_getitem
+from halide_ad.blocks import (Block, Destination, add, backward_task, both, forward_task, gathered,
+                              nested_getitem)
 from halide_ad.chunks import Layout, Region, block_extents, fits, layout, needed, readers
 from halide_ad.compiler import engine_choices
 from halide_ad.errors import DTypeError, HalideADWarning, ShapeError
@@ -80,10 +81,11 @@ class _Result(da.Array):
     """An output or gradient of halide_ad.dask: `compute()` copies its chunks into an array from
     halide_ad's buffer pool, as the unchunked function's results come (dask's own copy is into a
     fresh array, whose first touch the OS pays for: 0.15-2 s for 256 MiB here, as the kernels'
-    whole run). Arrays derived from it are dask's own."""
+    whole run). A compute of it has the tasks that run in this process copy their chunks into that
+array as they finish (`blocks.Destination`). Arrays derived from it are dask's own."""
 
     def __dask_postcompute__(self):
-        return gathered, ()
+        return gathered, (Destination(self.name, self.shape, self.dtype),)
 
 
 def _boundaries(chunks: tuple[int, ...]) -> list[int]:
@@ -197,8 +199,10 @@ class _Call:
     def _blocks(self, plans: dict[int, list], inputs: tuple[str, ...] = (),
                 weights: tuple[str, ...] = ()) -> dict:
         """Block programs by their extents along the chunked axes, taking the whole program's
-        engines (for its forward, and its gradients for `inputs` and for `weights`)."""
+        engines (for its forward, and its gradients for `inputs`, for `weights` and for both)."""
         wrts = [wrt for wrt in (inputs, weights) if wrt]
+        if inputs and weights:  # the one pass of a task whose seeds for both are the same
+            wrts.append(both(self.program, inputs, weights))
         chosen = tuple(sorted((*key, engine) for key, engine in engine_choices(self.program, *wrts).items()))
         blocks = {}
         for key in {tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes)) for index in self.grid()}:
@@ -270,12 +274,12 @@ class _Call:
             key = tuple(plans[a][index[i]][1] for i, a in enumerate(self.axes))
             crops = {}
             for o in program.outputs:
-                crop = [slice(None)] * len(lay.shapes[o])
+                crop, at = [slice(None)] * len(lay.shapes[o]), [slice(None)] * len(lay.shapes[o])
                 for i, a in enumerate(self.axes):
                     off = plans[a][index[i]][0] // lay.scale[a][o]
                     lo, hi = self.output_chunks(o, a)[index[i]]
-                    crop[a] = slice(lo - off, hi - off)
-                crops[o] = tuple(crop)
+                    crop[a], at[a] = slice(lo - off, hi - off), slice(lo, hi)
+                crops[o] = (tuple(crop), (f"{prefix}-{o}", tuple(at)))
             tasks[(f"{prefix}-blocks", *index)] = (forward_task, block_keys[key],
                                                   self._input_pieces(index, plans), weights, crops)
         blocks_name = f"{prefix}-blocks"
@@ -334,13 +338,11 @@ class _Call:
                 if not summed:
                     regions[1] = [None]
                 cts.append([o, *self._placements(o, ct, index, plans, per_axis, regions)])
-            crops = {}
-            for x in chunked:
-                crop = [slice(None)] * self.ndim
-                for i, a in enumerate(self.axes):
-                    start = plans[a][index[i]][0]
-                    crop[a] = slice(self.bounds[a][index[i]] - start, self.bounds[a][index[i] + 1] - start)
-                crops[x] = tuple(crop)
+            crop, at = [slice(None)] * self.ndim, [slice(None)] * self.ndim
+            for i, a in enumerate(self.axes):
+                start, lo, hi = plans[a][index[i]][0], self.bounds[a][index[i]], self.bounds[a][index[i] + 1]
+                crop[a], at[a] = slice(lo - start, hi - start), slice(lo, hi)
+            crops = {x: (tuple(crop), (f"{prefix}-grad-{x}", tuple(at))) for x in chunked}
             tasks[(f"{prefix}-blocks", *index)] = (backward_task, block_keys[key],
                                                   self._input_pieces(index, plans), weights, cts, crops)
         blocks_name = f"{prefix}-blocks"
@@ -359,9 +361,9 @@ class _Call:
         return tuple(None if n is None else grads.get(n) for n in self.traced.arg_names)
 
     def _placements(self, o: str, ct: da.Array, index: tuple, plans: dict, per_axis: dict, regions: list):
-        """Output o's cotangent for one task: (its chunks' keys, the window of them that covers
-        both regions, for each region where it goes in the block's output and where it is in the
-        window (None for an empty region), the block output's shape)."""
+        """Output o's cotangent for one task: (the keys of its chunks that cover both regions, for
+        each region where it goes in the block's output and its window of those chunks (None for
+        an empty region), the block output's shape)."""
         lay = self.layout
         shape = list(lay.shapes[o])
         spans = []
@@ -370,8 +372,8 @@ class _Call:
             parts = [r[i] for r in regions if None not in r]
             spans.append(functools.reduce(Region.hull, parts) if parts else None)
         if None in spans:
-            return None, None, (None, None), tuple(shape)
-        ranges, window = {}, [slice(None)] * len(shape)
+            return None, (None, None), tuple(shape)
+        ranges = {}
         into = [[slice(None)] * len(shape) for _ in regions]
         source = [[slice(None)] * len(shape) for _ in regions]
         for i, a in enumerate(self.axes):
@@ -379,15 +381,14 @@ class _Call:
             span = spans[i]
             ranges[a] = _overlapping(bounds, span.lo, span.hi + 1)
             first = bounds[ranges[a].start]
-            window[a] = slice(span.lo - first, span.hi + 1 - first)
             off = plans[a][index[i]][0] // lay.scale[a][o]
             for r, region in enumerate(regions):
                 if None not in region:
                     into[r][a] = slice(region[i].lo - off, region[i].hi + 1 - off)
-                    source[r][a] = slice(region[i].lo - span.lo, region[i].hi + 1 - span.lo)
+                    source[r][a] = slice(region[i].lo - first, region[i].hi + 1 - first)
         places = tuple(None if None in region else (tuple(into[r]), tuple(source[r]))
                        for r, region in enumerate(regions))
-        return _pieces(ct.name, len(shape), ranges), tuple(window), places, tuple(shape)
+        return _pieces(ct.name, len(shape), ranges), places, tuple(shape)
 
     def _tree_sum(self, layers, deps, name: str, blocks_name: str, grid, k: int,
                   buffer: ir.Buffer) -> da.Array:

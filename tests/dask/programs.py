@@ -170,3 +170,11 @@ def sharpened(x):
 def row_gains(x):
     g = hd.repeat_edge(GAINS)
     return hd.compute(x.shape, lambda i, j: x[i, j] * g[i])
+
+
+@hd.func
+def patches(x, w):
+    """A 2x2 convolution at stride 2, of non-overlapping patches: the outputs that read an input
+    chunk are the chunk's own."""
+    r, s = hd.rdom(2, 2)
+    return hd.compute((x.shape[0] // 2, x.shape[1] // 2), lambda i, j: hd.sum(x[2 * i + r, 2 * j + s] * w[r, s]))

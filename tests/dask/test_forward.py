@@ -9,6 +9,7 @@ da = pytest.importorskip("dask.array")
 
 import halide_ad as hd  # noqa: E402
 import halide_ad.dask as hdd  # noqa: E402
+from halide_ad import blocks  # noqa: E402
 from halide_ad.blocks import Block  # noqa: E402
 from halide_ad.runtime.engines import direct_conv  # noqa: E402
 from tests.dask import programs as P  # noqa: E402
@@ -167,6 +168,31 @@ def test_results_come_from_the_buffer_pool_and_are_never_shared(rng):
     del a
     assert y.compute().ctypes.data == address  # a result let go is reused, as unchunked ones are
     assert type(y + 1) is da.Array  # arrays derived from it are dask's own
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("scheduler", ["threads", "sync"])
+def test_a_compute_has_the_tasks_copy_their_chunks_into_the_result(scheduler, dtype, rng, monkeypatch):
+    """Each task in this process copies its chunk into the result (edge chunks included), and
+    no copy of the whole array follows; a result handed out is never written again."""
+    x = rng.standard_normal((26, 20)).astype(dtype)[::2, 1:]  # non-contiguous, uneven edge chunks
+    want = P.blur(np.ascontiguousarray(x), "repeat_edge")
+    assembled, assemble = [], blocks.assemble
+
+    def spied(*args):
+        out = assemble(*args)
+        assembled.append(out.shape)
+        return out
+    monkeypatch.setattr(blocks, "assemble", spied)
+    y = hdd.function(P.blur)(_chunked(x, (4, 5)), "repeat_edge")
+    for got in (y.compute(scheduler=scheduler), dask.compute(y, y + 1, scheduler=scheduler)[0]):
+        assert got.dtype == dtype and got.flags.c_contiguous and got.base is None
+        np.testing.assert_array_equal(got, want)
+        got[...] = 0
+    assert x.shape not in assembled  # (the tasks assembled their blocks, no more)
+    assert not blocks._destinations
+    np.testing.assert_array_equal((y * 2).compute(scheduler=scheduler), 2 * want)  # chunks returned whole
+    assert not got.any()  # (a later compute did not write into a result held)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

@@ -8,6 +8,7 @@ da = pytest.importorskip("dask.array")
 
 import halide_ad as hd  # noqa: E402
 import halide_ad.dask as hdd  # noqa: E402
+from halide_ad import blocks  # noqa: E402
 from tests.dask import programs as P  # noqa: E402
 
 
@@ -91,6 +92,28 @@ def test_two_chunked_inputs_and_a_weight(rng):
     np.testing.assert_allclose(gk, refs[1], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_one_gradient_pass_where_each_chunk_is_read_by_its_own_outputs_alone(dtype, rng, monkeypatch):
+    """Non-overlapping patches: the outputs that read an input chunk are the chunk's own, so its
+    task seeds the input's and the weights' gradients alike, and runs one pass for both."""
+    x, w = rng.standard_normal((12, 16)).astype(dtype), rng.standard_normal((2, 2)).astype(dtype)
+    ct = rng.standard_normal((6, 8)).astype(dtype)
+    rx, rw = hd.vjp(P.patches, x, w)[1](ct)
+    ran = []
+    kernels = blocks.kernels
+    monkeypatch.setattr(blocks, "kernels", lambda block, kind: ran.append(kind) or kernels(block, kind))
+    _, vjp_fn = hdd.vjp(P.patches, da.from_array(x, chunks=(4, 6)), w)  # (edge chunks of 4 columns)
+    gx, gw = _grads(vjp_fn, ct)
+    assert set(ran) == {"both"}
+    np.testing.assert_array_equal(gx, rx)
+    np.testing.assert_allclose(gw, rw, rtol=0, atol=50 * np.finfo(dtype).eps * np.abs(rw).max())
+    ran.clear()  # with a halo, the seeds differ: two passes (but in the first chunk, which has none)
+    ct = rng.standard_normal((11, 15)).astype(dtype)
+    gx, _ = _grads(hdd.vjp(P.conv_valid, da.from_array(x, chunks=(4, 6)), w)[1], ct)
+    assert {"inputs", "weights", "both"} == set(ran)
+    np.testing.assert_array_equal(gx, hd.vjp(P.conv_valid, x, w)[1](ct)[0])
+
+
 def test_chunked_gradients_match_finite_differences(rng):
     """<grad, v> against the central difference of the chunked forward, in float64."""
     x, w = rng.standard_normal((7, 6)), rng.standard_normal((3, 3))
@@ -124,7 +147,7 @@ def test_a_gradient_task_runs_the_forward_only_where_the_gradient_reads_it(rng):
         out, vjp_fn = hdd.vjp(fn, x, *args)
         (gx, *_) = vjp_fn(np.ones(out.shape))
         (block,) = {v for layer in gx.dask.layers.values() for v in layer.values() if isinstance(v, Block)}
-        assert reads_forward(block) is reads
+        assert reads_forward(block, ("inputs",)) is reads
         np.testing.assert_array_equal(gx.compute(), hd.vjp(fn, x.compute(), *args)[1](np.ones(out.shape))[0])
 
 
