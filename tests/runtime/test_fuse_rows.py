@@ -57,12 +57,22 @@ def test_nests_reading_the_same_row_join_one_loop():
 @pytest.mark.parametrize("later", [
     _scaled("out", "x", Load("s", (_mirror(k), Const(0, INDEX_DTYPE)), "float64"), k),  # another row of s
     _scaled("out", "x", Load("s", (Const(0, INDEX_DTYPE), Const(0, INDEX_DTYPE)), "float64"), k),      # row 0 of s
-    _scaled("out", "x", _s_at(k), k, Kind.SERIAL),  # a serial loop
+    For(k, 0, ROWS, Kind.SERIAL, block(For(j, 0, COLS, Kind.SERIAL, block(  # serial, adding into row 0
+        Accumulate(Load("out", (Const(0, INDEX_DTYPE), j), "float64"), _s_at(k)))))),
     _row_sum("out", "s", k, rows=ROWS // 2),                                   # other bounds
 ], ids=["mirrored-row", "row-0", "serial", "other-bounds"])
 def test_nests_that_cannot_share_a_row_stay_apart(later):
     nests = block(_row_sum("s", "x", i), later)
     assert fuse_rows(nests) == nests
+
+
+def test_a_serial_nest_writing_its_own_rows_joins_a_parallel_group():
+    """softmax's reciprocal per row: 4096 points, serial alone; its iterations are independent,
+    so the fused loop stays parallel."""
+    later = _scaled("out", "x", _s_at(k), k, Kind.SERIAL)
+    fused = fuse_rows(block(_row_sum("s", "x", i), later))
+    assert fused == block(For(i, 0, ROWS, Kind.PARALLEL, block(
+        _row_sum("s", "x", i).body, _scaled("out", "x", _s_at(i), i).body)))
 
 
 def test_a_read_of_a_buffer_written_at_another_row_refuses():
@@ -244,3 +254,4 @@ def test_a_read_of_another_rows_adjoint_is_no_row_group(monkeypatch):
 def test_serial_gradients_form_no_row_group():
     names, group = _row_group(OPS["softmax"][0], np.ones((8, 16)))
     assert group == (0, 0)
+
