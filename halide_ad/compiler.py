@@ -192,7 +192,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     named = {b.name for b in program.inputs} | {f.name for f in program.funcs}
     temporaries = tuple((adjoint_name(p.adjoint.buffer), p.adjoint.shape)  # products per tap (`_tap_product`)
                         for p in plans if p.adjoint.buffer not in named)
-    steps, sources, segment = [], [], []
+    steps, sources, segment, scratch = [], [], [], []
 
     def flush():
         if any(p.contributions and not p.inlined for p in segment):
@@ -203,7 +203,8 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
             emit = functools.partial(emit_backward, program, list(segment), entry, frozenset(mine),
                                      temporaries)
             unknowns = z3_bridge.unknown_answers()
-            source, params, checks = disk_cache.cached(key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
+            source, params, checks, own = disk_cache.cached(key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
+            scratch.extend(own)
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
             sources.append(source)
         segment.clear()
@@ -230,7 +231,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
         steps.append(ContractionStep(adjoint_name(plan.adjoint.buffer), init, blas))
         sources.append("".join(f"# {c.formula}  ({c.engine}{_calls(c)})\n" for c in blas))
     flush()
-    return Kernel(steps, "\n".join(sources)), plans
+    return Kernel(steps, "\n".join(sources), tuple(scratch)), plans
 
 
 def _calls(c: Contraction) -> str:

@@ -187,6 +187,7 @@ class BackwardRun:
             else:
                 fills.append((name, adj.buffer if adj.seeded else
                               Allocation(name, adj.shape, adj.dtype, zero=True)))
+        fills += [(b.name, Allocation(b.name, b.shape, b.dtype)) for b in kernel.scratch]  # (column_parts)
         self.kernel = kernel
         self.plans = plans
         self.fills = tuple(fills)

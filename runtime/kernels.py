@@ -5,8 +5,9 @@ the Python numba compiles.
 `emit_backward` one that fills every adjoint: a gather loop nest per adjoint (one writer per
 element, parallel over the outermost useful dimension; runtime/gathers.py), then any fallback
 scatters. Two adjoints may run a plane at a time together (`schedule.stage.stage_depth`), and
-consecutive ones a row of each per iteration of one parallel loop (`schedule.stage.row_group`);
-the forward's nests likewise (`schedule.fuse_rows`).
+consecutive ones a row of each per iteration of one parallel loop (`schedule.stage.row_group`),
+the sums over those rows that follow in the same loop, per block of rows
+(`schedule.column_parts`); the forward's nests likewise (`schedule.fuse_rows`).
 
 Every forward nest but the split ones (pointwise, sums and products, max and min, argmax and
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
@@ -21,17 +22,18 @@ emit.py outlines every parallel loop from the nest.
 from __future__ import annotations
 
 from halide_ad import config
-from halide_ad.ir import Cast, Const, Func, Load, Program, Reduce, adjoint_name, argindex_name
+from halide_ad.ir import INDEX_DTYPE, Buffer, Cast, Const, Func, Load, Program, Reduce, Var, adjoint_name, argindex_name
 from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
-from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Source, Stmt, Store, block, walk
+from halide_ad.runtime.loops import Accumulate, Comment, For, Kind, Let, Local, Source, Stmt, Store, block, walk
 from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, point_start, row_gathers,
                                        split_loop_nest, tap_rows, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
+from halide_ad.runtime.schedule.column_parts import column_parts, row_blocks, row_term
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
@@ -124,8 +126,10 @@ def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
 
 def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset(),
                   temporaries: tuple[tuple[str, tuple[int, ...]], ...] = ()
-                  ) -> tuple[str, list[str], list[str]]:
-    """The source of `backward(...)`: one gather loop nest per adjoint, then fallback scatters.
+                  ) -> tuple[str, list[str], list[str], tuple[Buffer, ...]]:
+    """The source of `backward(...)`: one gather loop nest per adjoint, then fallback scatters;
+    its parameters, its run-time checks, and the buffers of its own that a run allocates (a row
+    group's partial column sums, `column_parts`).
 
     `plans` are `AdjointPlan`s in order (outputs first), each adjoint's contributions inverted.
     `private` names the adjoints that only the next plan reads: such a pair may run one plane at
@@ -188,6 +192,7 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
 
     terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
+    scratch: list[Buffer] = []
     k = 0
     while k < len(computed):
         plan = computed[k]
@@ -196,9 +201,11 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         # (HALIDE_AD_SKIP=fuse_rows leaves the forward's row groups and these out)
         count, depth = (0, 0) if config.skipped("fuse_rows") else row_group(computed, splits, gathers, terms, k, private)
         if count:
+            after = range(k + count, k + count + column_parts(computed, gathers, range(k, k + count), depth))
             _emit_row_group(w, em, computed, range(k, k + count), depth,
-                            lambda m: stage_depth(computed, splits, gathers, m, private), nest)
-            k += count
+                            lambda m: stage_depth(computed, splits, gathers, m, private), nest,
+                            [(computed[m], gathers[m]) for m in after], scratch)
+            k = after.stop
             continue
         depth = stage_depth(computed, splits, gathers, k, private)
         if depth:
@@ -210,17 +217,30 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             if not isinstance(s, Gather):
                 emit_scatter(w, em, s, name, plan.adjoint.dtype)
         k += 1
-    return _function(em, entry), list(em.used), em.checks
+    return _function(em, entry), list(em.used), em.checks, tuple(scratch)
 
 
-def _emit_row_group(w: Writer, em: Emitter, computed, members: range, depth: int, staged, nest) -> None:
+def _emit_row_group(w: Writer, em: Emitter, computed, members: range, depth: int, staged, nest,
+                    folded=(), scratch: list[Buffer] | None = None) -> None:
     """Adjoints `members` in one loop nest over their leading `depth` dimensions, the last of
     them parallel, a plane of each per iteration (`schedule.stage.row_group`); `staged(m)`:
-    adjoint m and the next one's `stage_depth`."""
+    adjoint m and the next one's `stage_depth`. `folded`: (plan, gathers) of the sums over the
+    rows that follow (`column_parts`): the rows then run in parallel blocks, each adding its
+    rows' terms into a row of partial sums, a buffer appended to `scratch`, and the blocks'
+    rows are added in order after the group."""
     first = computed[members.start]
     base = w.depth
-    for d in range(depth):
-        open_loop(w, em.name(first.new_vars[d]), 0, first.adjoint.shape[d], d == depth - 1)
+    if folded:
+        blocks, row, part = row_blocks(first.adjoint.shape[0]), first.new_vars[0], Var("part")
+        parts = [_parts(em, plan, blocks, scratch) for plan, _ in folded]
+        open_loop(w, em.name(part), 0, blocks.count, True)
+        em.put(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
+                 for (plan, _), name in zip(folded, parts, strict=True)))
+        start = f"{em.name(part)} * {blocks.size}"
+        w.loop(em.name(row), start, f"{start} + {blocks.size}")
+    else:
+        for d in range(depth):
+            open_loop(w, em.name(first.new_vars[d]), 0, first.adjoint.shape[d], d == depth - 1)
     level = w.depth
     m = members.start
     while m < members.stop:
@@ -237,7 +257,32 @@ def _emit_row_group(w: Writer, em: Emitter, computed, members: range, depth: int
             nest(m, depth)
         w.depth = level
         m += unit
+    for (plan, gs), name in zip(folded, parts if folded else (), strict=True):
+        target = Load(name, (part, plan.new_vars[0]), "float64")
+        em.put(Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
+                       f"this block's rows added into {name}"),
+               *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces))
     w.depth = base
+    for (plan, _), name in zip(folded, parts if folded else (), strict=True):
+        col, acc, b = plan.new_vars[0], Local("acc", "float64"), Var("part")
+        em.put(_columns(plan, block(Let(acc, Load(name, (Const(0, INDEX_DTYPE), col), "float64")),
+                                    For(b, 1, blocks.count, Kind.SERIAL, block(Accumulate(acc, Load(name, (b, col), "float64")))),
+                                    Store(adjoint_name(plan.adjoint.buffer), (col,), acc))))
+
+
+def _parts(em: Emitter, plan, blocks, scratch: list[Buffer]) -> str:
+    """A float64 buffer of the kernel's own for a folded adjoint's partial rows, one per block."""
+    name = adjoint_name(plan.adjoint.buffer) + "_parts"
+    while name in em.shapes:
+        name += "_"
+    em.shapes[name] = (blocks.count, *plan.adjoint.shape)
+    scratch.append(Buffer(name, em.shapes[name], "float64"))
+    return name
+
+
+def _columns(plan, s: Stmt) -> For:
+    """`s` for each point of a 1-D adjoint."""
+    return For(plan.new_vars[0], 0, plan.adjoint.shape[0], Kind.SERIAL, block(s))
 
 
 def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) -> None:

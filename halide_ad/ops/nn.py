@@ -48,7 +48,12 @@ def _softmax_parts(op: str, x, axis):
 def softmax(x, axis=-1):
     """exp(x) / sum(exp(x)) along `axis`, with the maximum subtracted first. Same shape as x."""
     x, a, m, e, s = _softmax_parts("softmax", x, axis)
-    return hd.compute(x.shape, lambda *i: e[i] / s[at_kept(i, (a,))], name="softmax")
+    # e times a reciprocal per row, as PyTorch's CPU kernel: the gradient then reads e and the
+    # cotangent and multiplies, where e / s divided twice per element and read y as well
+    # (s read at its kept 0, not at r's own point: a plain call would inline the sum into r, as
+    # one scalar chain of adds)
+    r = hd.compute(s.shape, lambda *i: 1.0 / s[at_kept(i, (a,))], name="softmax_reciprocal")
+    return hd.compute(x.shape, lambda *i: e[i] * r[at_kept(i, (a,))], name="softmax")
 
 
 @hd.func

@@ -26,10 +26,12 @@ Decisions, pure functions of the IR, each tested on data:
   where the second reads it (`read_box`, `clip_split`); `row_group`:
   consecutive adjoints run a row (a plane) of each per iteration of one parallel loop.
 * `rfactor.py`, `split_reduction`: a long reduction to one point as parallel partial results.
+* `column_parts.py`, `column_parts`: sums over the rows after a row group (a layer norm gain's
+  gradient) folded into it as partial sums per fixed block of rows (`row_blocks`).
 
 Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
 was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the
-nests a pass returns. HALIDE_AD_SKIP=taps_by_rows and read_box turn those
+nests a pass returns. HALIDE_AD_SKIP=taps_by_rows, read_box and column_parts turn those
 decisions off too.
 """
 from __future__ import annotations

@@ -8,7 +8,8 @@ the divide. Every element is computed by the same operations in the same order a
 results are the same bits.
 
 A nest joins the group before it where
-* its outermost loop has the group's bounds, step and kind (parallel, or serial);
+* its outermost loop has the group's bounds and step, and its kind (parallel, or serial), or
+  where the kinds differ, every nest writes only at its own row (the fused loop is parallel);
 * every buffer that it and a nest of the group share, one of them writing it, is read and
   written at an index whose leading component is the outer loop's variable: iteration i then
   reads only what iteration i wrote (or what no nest of the group writes).
@@ -66,13 +67,16 @@ def _candidate(s: Stmt) -> bool:
 def _fused(group: list[For]) -> list[Stmt]:
     if len(group) < 2:
         return list(group)
-    return [replace(group[0], body=block(*(nest.body for nest in group)))]
+    kind = Kind.PARALLEL if any(nest.kind is Kind.PARALLEL for nest in group) else group[0].kind
+    return [replace(group[0], kind=kind, body=block(*(nest.body for nest in group)))]
 
 
 def _join(group: list[For], nest: For) -> For | None:
     """`nest` with its outer loop variable renamed to the group's, where it may join the group."""
     first = group[0]
-    if not _candidate(nest) or (nest.lo, nest.hi, nest.kind) != (first.lo, first.hi, first.kind):
+    if not _candidate(nest) or (nest.lo, nest.hi) != (first.lo, first.hi):
+        return None
+    if len({nest.kind} | {m.kind for m in group}) > 1 and not all(map(_by_rows, [*group, nest])):
         return None
     if nest.var != first.var:
         if first.var in _vars(nest):  # an inner loop or a read of the group's name: no renaming
@@ -85,6 +89,16 @@ def _join(group: list[For], nest: For) -> For | None:
     if any(b in shared and (not index or index[0] != first.var) for b, index, _ in mine + theirs):
         return None
     return nest
+
+
+def _by_rows(nest: For) -> bool:
+    """Whether `nest` reads and writes what it writes only at its own row (index[0] its loop
+    variable), so that a serial nest may run in a parallel group: softmax's reciprocal per row,
+    4096 points, too few to run in parallel alone, would otherwise split the forward's row
+    group in two."""
+    accesses = _accesses(nest)
+    written = {b for b, _, w in accesses if w}
+    return all(b not in written or index[:1] == (nest.var,) for b, index, _ in accesses)
 
 
 def _accesses(s: Stmt) -> list[tuple[str, tuple[Expr, ...], bool]]:

@@ -51,7 +51,8 @@ def row_group(computed, splits, gathers, terms, k: int, private: frozenset[str])
     plane of each in order (a pair that `stage_depth` stages as one unit, its loops over the
     dimensions past `depth` inside); (0, 0) where fewer than two units would. `terms[m]` is
     adjoint m's gathers' terms per element. A member has gathers only, the parallel dimension
-    its own loop nest would have, the first member's extents in the leading dimensions and a
+    its own loop nest would have (or none, too small alone to run in parallel: softmax's
+    per-row adj_softmax_sum), the first member's extents in the leading dimensions and a
     nest that leaves them whole, and it reads the members before it only in the plane the same
     iteration computed. softmax's gradient: adj_softmax_sum, then the staged pair adj_softmax_exp
     and adj_x, a row of each per iteration, instead of two passes over the rows."""
@@ -77,7 +78,7 @@ def row_group(computed, splits, gathers, terms, k: int, private: frozenset[str])
 def _joins(plan, split, gathers, terms: float, depth: int, lead: tuple[int, ...], written: set[str]) -> bool:
     shape = plan.adjoint.shape
     return (len(plan.contributions) == len(gathers) and shape[:depth] == lead
-            and parallel_dim(shape, terms) == depth - 1 and _whole_dims(plan, split) >= depth
+            and parallel_dim(shape, terms) in (depth - 1, None) and _whole_dims(plan, split) >= depth
             and not (split is None and gathers_by_rows(plan.new_vars, shape, gathers))
             and _at_own_planes(_loads(gathers, written), plan, depth))
 

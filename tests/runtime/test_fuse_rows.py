@@ -57,12 +57,22 @@ def test_nests_reading_the_same_row_join_one_loop():
 @pytest.mark.parametrize("later", [
     _scaled("out", "x", Load("s", (_mirror(k), Const(0, INDEX_DTYPE)), "float64"), k),  # another row of s
     _scaled("out", "x", Load("s", (Const(0, INDEX_DTYPE), Const(0, INDEX_DTYPE)), "float64"), k),      # row 0 of s
-    _scaled("out", "x", _s_at(k), k, Kind.SERIAL),  # a serial loop
+    For(k, 0, ROWS, Kind.SERIAL, block(For(j, 0, COLS, Kind.SERIAL, block(  # serial, adding into row 0
+        Accumulate(Load("out", (Const(0, INDEX_DTYPE), j), "float64"), _s_at(k)))))),
     _row_sum("out", "s", k, rows=ROWS // 2),                                   # other bounds
 ], ids=["mirrored-row", "row-0", "serial", "other-bounds"])
 def test_nests_that_cannot_share_a_row_stay_apart(later):
     nests = block(_row_sum("s", "x", i), later)
     assert fuse_rows(nests) == nests
+
+
+def test_a_serial_nest_writing_its_own_rows_joins_a_parallel_group():
+    """softmax's reciprocal per row: 4096 points, serial alone; its iterations are independent,
+    so the fused loop stays parallel."""
+    later = _scaled("out", "x", _s_at(k), k, Kind.SERIAL)
+    fused = fuse_rows(block(_row_sum("s", "x", i), later))
+    assert fused == block(For(i, 0, ROWS, Kind.PARALLEL, block(
+        _row_sum("s", "x", i).body, _scaled("out", "x", _s_at(i), i).body)))
 
 
 def test_a_read_of_a_buffer_written_at_another_row_refuses():
@@ -244,3 +254,53 @@ def test_a_read_of_another_rows_adjoint_is_no_row_group(monkeypatch):
 def test_serial_gradients_form_no_row_group():
     names, group = _row_group(OPS["softmax"][0], np.ones((8, 16)))
     assert group == (0, 0)
+
+
+# ---- a sum over the rows folded into the row group as partial sums per block ----
+
+def test_rows_split_into_fixed_blocks():
+    from halide_ad.runtime.schedule.column_parts import Blocks, row_blocks
+    assert row_blocks(4096) == Blocks(16, 256)
+    assert row_blocks(192) == Blocks(3, 64)
+    assert row_blocks(127) is None and row_blocks(64) is None  # prime, or one block
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_gain_gradient_folds_into_the_row_group(monkeypatch, dtype):
+    """The gain's gradient sums over 256 rows: 4 blocks of 64 inside the row group, combined in
+    order. Against PyTorch, the pass after the group (HALIDE_AD_SKIP=column_parts), and one
+    thread against two (the same bits)."""
+    import numba
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    args = _inputs("layer_norm", (256, 24), dtype, False)
+    ct = np.random.default_rng(2).standard_normal((256, 24)).astype(dtype)
+    fn = _fresh(OPS["layer_norm"][0])
+    assert "adj_arg1_parts" in hd.explain(fn, *args).backward_source
+    _, grads = _run(fn, args, ct)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        _, one = _run(fn, args, ct)
+    finally:
+        numba.set_num_threads(threads)
+    assert all(g.tobytes() == h.tobytes() for g, h in zip(grads, one, strict=True))
+    monkeypatch.setenv("HALIDE_AD_SKIP", "column_parts")
+    fn_apart = _fresh(OPS["layer_norm"][0])
+    assert "_parts" not in hd.explain(fn_apart, *args).backward_source
+    _, apart = _run(fn_apart, args, ct)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for g, h in zip(grads, apart, strict=True):
+        np.testing.assert_allclose(g, h, rtol=tol, atol=tol)
+    torch_args = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in args]
+    OPS["layer_norm"][1](*torch_args).backward(torch.tensor(ct.astype(np.float64)))
+    for g, t in zip(grads, torch_args, strict=True):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=10 * tol, atol=10 * tol)
+
+
+def test_layer_norm_gain_gradient_folded_matches_finite_differences(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    x, g, b = _inputs("layer_norm", (128, 5), np.float64, False)
+    fn = _fresh(OPS["layer_norm"][0])
+    assert "adj_arg1_parts" in hd.explain(fn, x, g, b).backward_source
+    hd.check_grad(fn, x, g, b, modes=("rev",))
