@@ -78,8 +78,22 @@ def function(em, entry: str, body: Block) -> str:
         return out
 
     entry_lines = level(pieces, 1, []) + ["    return None"]
-    literals = "".join(f"{name} = {text}\n" for text, name in em.literals.items())
-    return literals + "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(entry_lines) + "\n"
+    code = "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(entry_lines) + "\n"
+    return _number_literals(em.literals, code)
+
+
+def _number_literals(literals: dict[str, str], code: str) -> str:
+    """`code` after the definitions of its `literals` (text -> name), each named by where it is
+    first read in `code` (`f32_0`, `tab_1`, `f32_2`, ...): in print order, whatever order the
+    statements were resolved in."""
+    if not literals:
+        return code
+    text = {name: t for t, name in literals.items()}
+    final: dict[str, str] = {}
+    for name in re.findall(r"\b(?:" + "|".join(text) + r")\b", code):
+        final.setdefault(name, f"{name.split('_')[0]}_{len(final)}")
+    code = re.sub(r"\b(?:" + "|".join(final) + r")\b", lambda m: final[m.group()], code) if final else code
+    return "".join(f"{new} = {text[old]}\n" for old, new in final.items()) + code
 
 
 @dataclass(frozen=True, slots=True)

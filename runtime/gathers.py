@@ -14,11 +14,12 @@ along its last dimension run a row at a time, each tap added to the whole row (`
 The statements are loop-nest nodes (runtime/loops.py), the weighted sums flat `Chain`
 expressions (`(h1 + h2) * f32_2`), each resolved (`emit.resolve`) where it stands in a Writer that
 opens the loops around them as For nodes, so that runtime/emit.py outlines the parallel ones. A
-Split's nest is not built whole and printed after: the emitter numbers literals and tables, lists
-the kernel's buffers and numbers its run-time checks in the order it prints them, and a point's
-guarded pieces are printed before the sums that precede them (`kernels.emit_backward`'s body),
-their inline reductions placed before those sums; printed in the nest's order, the same kernel
-would number its literals and order its parameters differently. Text lines left: a box without
+Split's nest is not built whole and printed after: the emitter lists the kernel's buffers and
+numbers its run-time checks in the order it resolves them (literals and tables are numbered in
+the order the kernel prints them, `emit.function`), and a point's guarded pieces are resolved
+before the sums that precede them (`kernels.emit_backward`'s body), their inline reductions
+placed before those sums; resolved in the nest's order, the same kernel would order its
+parameters differently. Text lines left: a box without
 regions looping over its spans (`for span in spans:`, a tuple of ranges) and the headers of the
 tabled points' loops (`for tap in range(count[point]):`; a For prints its lower bound).
 """
