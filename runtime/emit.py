@@ -129,46 +129,44 @@ def _cut(stmts: tuple[Stmt, ...], em) -> list:
     return out
 
 
-def resolve(s: Stmt, em, here: bool = True) -> Stmt:
+def resolve(s: Stmt, em) -> Stmt:
     """`s` with every expression printed, in order: For nodes with named variables and bounds as
     text, the other statements as Source lines. Printing names variables and buffers, numbers
     literals and run-time checks and lists the buffers used, so a nest is resolved where it
     stands among the statements the code generator still writes as text. The loops of a
-    reduction inside an expression go before the line that reads it, or, without `here`, where
-    the code generator's Writer `em.out` stands (before the gather whose piece reads it, as
-    the gather loop nests place them)."""
+    reduction inside an expression go before the line that reads it."""
     match s:
         case Block(body):
-            return block(*(resolve(c, em, here) for c in body))
+            return block(*(resolve(c, em) for c in body))
         case Source(text, body):
-            return Source(text, resolve(body, em, here))
+            return Source(text, resolve(body, em))
         case For(var, lo, hi, kind, body, step):
             name = var if isinstance(var, str) else em.name(var)
-            return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em, here), step)
+            return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em), step)
         case Store(buffer, index, value):
-            return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
         case Accumulate(Load(buffer, index, _, loc), value, "sum", True):
-            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}")
         case Accumulate(target, value, "sum", True):
-            return _with_inline(em, lambda: f"{em.expr(target)} += {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.expr(target)} += {em.expr(value)}")
         case Accumulate(target, value, op, False):
             def text():
                 name = em.expr(target)
                 return f"{name} = {COMBINE[op].format(name, em.expr(value))}"
-            return _with_inline(em, text, here)
+            return _with_inline(em, text)
         case Comment(text):
             return Source(f"# {text}")
         case Allocate(array, shape, dtype):
             return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
         case Let(var, value):
-            return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}")
         case If(cond, then, otherwise):
             conds = cond if isinstance(cond, tuple) else (cond,)
-            test = _with_inline(em, lambda: f"if {' and '.join(em.expr(c) for c in conds)}:", here)
-            head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em, here)))
+            test = _with_inline(em, lambda: f"if {' and '.join(em.expr(c) for c in conds)}:")
+            head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em)))
             if otherwise is None:
                 return head
-            rest = resolve(otherwise, em, here)
+            rest = resolve(otherwise, em)
             first = rest.body[0]
             if (len(otherwise.body) == 1 and isinstance(otherwise.body[0], If) and isinstance(first, Source)
                     and first.text.startswith("if ")):  # (not after a reduction the test computes)
@@ -220,12 +218,9 @@ def _bound(b: Bound, em) -> str:
     return b if isinstance(b, str) else str(b) if isinstance(b, int) else em.expr(b)
 
 
-def _with_inline(em, line, here: bool = True) -> Block:
+def _with_inline(em, line) -> Block:
     """`line()`'s text as a Source line, after the loops of the reductions it computes inline (the
-    Emitter writes those to `em.out` while it prints the expression), or, without `here`, with
-    those loops left in `em.out`."""
-    if not here:
-        return block(Source(line()))
+    Emitter writes those to `em.out` while it prints the expression)."""
     saved, em.out = em.out, Writer()
     em.out._tmp = saved._tmp  # temporaries stay unique in the kernel
     try:

@@ -30,14 +30,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from halide_ad import config
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Reduce, Var
 from halide_ad.ir import show
 from halide_ad.affine import Affine
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Bound, Chain, Comment, Element, For, Kind, Let,
-                                     Local, Stmt, Store, block, nest)
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Bound, Chain, Comment, Element, For, If, Kind, Let,
+                                     Local, Source, Stmt, Store, block, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
@@ -48,6 +48,7 @@ from halide_ad.runtime.schedule.hoist import hoist_loads
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
 from halide_ad.runtime.writer import Writer
+from halide_ad.traverse import map_children
 
 
 def open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> None:
@@ -382,21 +383,60 @@ def tap_rows(gs, var: Var, lo: int, hi: int, index: tuple[Expr, ...], name: str,
     return block(start, *windows)
 
 
-def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str,
-                 acc_dtype: str) -> None:
-    """The gather's pieces, but those read unconditionally as a constant times loads of `dtype`:
-    these go into `like`, the constant summed per product of loads, which the caller emits once
-    (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
-    bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
-    every operation). A long innermost loop adds into LANES partial sums (`split_accumulators`)."""
-    w.add(emit.resolve(describe(g), em))
+def gather_statements(g, like: dict[tuple[Load, ...], float], dtype: str, acc_dtype: str) -> list[Stmt]:
+    """The gather's comment and pieces, but those read unconditionally as a constant times loads of
+    `dtype`: these go into `like`, the constant summed per product of loads, which the caller
+    adds once (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of
+    a bilinear gradient reads each load in up to four gathers, and numba's compile time grows
+    with every operation). A long innermost loop adds into LANES partial sums
+    (`split_accumulators`)."""
+    out: list[Stmt] = [describe(g)]
     for piece in g.pieces:
         if (key := _like(piece, dtype)) is not None:
             like[key[0]] = like.get(key[0], 0.0) + key[1]
             continue
-        # (a reduction inside the value is computed before the element's sums, outside its guards)
-        piece_nest = schedule.run(split_accumulators, block(lower.gather_piece(piece, Local("acc", acc_dtype))))
-        w.add(emit.resolve(piece_nest, em, here=False))
+        out.append(schedule.run(split_accumulators, block(lower.gather_piece(piece, Local("acc", acc_dtype)))))
+    return out
+
+
+def lift_reductions(s: Stmt, temp: Callable[[str], str]) -> tuple[list[Stmt], Stmt]:
+    """(the loops computing each reduction inside `s`'s expressions into a local `temp("red")`,
+    `s` reading those locals instead): a point's guarded pieces compute their reductions before
+    the point's sums, outside their guards. Reductions are met in the order they print."""
+    lifted: list[Stmt] = []
+
+    def expr(e):
+        if isinstance(e, Reduce):
+            acc = lower.accumulator(e, temp("red"))
+            lifted.append(schedule.run(split_accumulators, lower.accumulation(e, acc)))
+            return acc
+        return map_children(e, expr) if isinstance(e, Expr) else e
+
+    def stmt(s: Stmt) -> Stmt:
+        match s:
+            case Block(body):
+                return Block(tuple(stmt(c) for c in body))
+            case For(_, lo, hi, _, body):
+                lo, hi = expr(lo), expr(hi)
+                return replace(s, lo=lo, hi=hi, body=stmt(body))
+            case Accumulate(target, value):
+                target = expr(target)
+                return replace(s, target=target, value=expr(value))
+            case Let(_, value):
+                return replace(s, value=expr(value))
+            case Store(_, index, value):
+                index = tuple(map(expr, index))
+                return replace(s, index=index, value=expr(value))
+            case If(cond, then, otherwise):
+                cond = tuple(map(expr, cond)) if isinstance(cond, tuple) else expr(cond)
+                then = stmt(then)
+                return replace(s, cond=cond, then=then, otherwise=otherwise and stmt(otherwise))
+            case Source(_, body):
+                return replace(s, body=stmt(body))
+        return s
+
+    s = stmt(s)  # (before `lifted` is read: the walk fills it)
+    return lifted, s
 
 
 def gather_terms(gathers, shape: tuple[int, ...]) -> float:

@@ -28,8 +28,9 @@ from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
 from halide_ad.runtime.loops import Accumulate, Comment, Let, Local, Source, Stmt, Store, block, walk
-from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, point_start, row_gathers,
-                                       split_loop_nest, tap_rows, weighted_sums, wide_gathers)
+from halide_ad.runtime.gathers import (emit_scatter, gather_statements, gather_terms, lift_reductions, open_loop,
+                                       point_start, row_gathers, split_loop_nest, tap_rows, weighted_sums,
+                                       wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
@@ -158,17 +159,14 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
             wide = wide_gathers(gs, adj)
             acc = Local("acc", "float64" if wide else adj.dtype)
-            guarded = Writer()  # the pieces under a guard or in a loop go after the sums
-            guarded.depth = w.depth
             like: dict[tuple[Load, ...], float] = {}
-            for g in gs:
-                emit_gather(guarded, em, g, like, adj.dtype, acc.dtype)
+            # the pieces under a guard or in a loop go after the sums, their reductions before
+            guarded = [s for g in gs for s in gather_statements(g, like, adj.dtype, acc.dtype)]
+            lifted, guarded = lift_reductions(block(*guarded), w.temp)
             seed = Load("ct_" + adj.buffer, index, adj.dtype) if adj.seeded else None
             first, sums = point_start(like, terms, terms_dtype, seed, adj.dtype)
-            em.put(Let(acc, Cast("float64", first) if wide else first),
-                   *(Accumulate(acc, term, augmented=True) for term in sums))
-            w.extend(guarded)
-            em.put(Store(name, index, acc))
+            em.put(*lifted, Let(acc, Cast("float64", first) if wide else first),
+                   *(Accumulate(acc, term, augmented=True) for term in sums), guarded, Store(name, index, acc))
 
         def by_rows(gs, var, lo, hi) -> bool:
             """The box's gathers over a row, a row at a time (`tap_rows`), where they run so."""
