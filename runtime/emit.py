@@ -28,7 +28,6 @@ from halide_ad.traverse import walk as walk_expr
 from halide_ad.runtime.lanes import FOLD
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, Fold,
                                      For, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block, walk)
-from halide_ad.runtime.writer import Writer
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -220,15 +219,13 @@ def _bound(b: Bound, em) -> str:
 
 def _with_inline(em, line) -> Block:
     """`line()`'s text as a Source line, after the loops of the reductions it computes inline (the
-    Emitter writes those to `em.out` while it prints the expression)."""
-    saved, em.out = em.out, Writer()
-    em.out._tmp = saved._tmp  # temporaries stay unique in the kernel
+    Emitter adds those to `em.out` while it prints the expression)."""
+    saved, em.out = em.out, []
     try:
         text = line()
     finally:
         inline, em.out = em.out, saved
-        saved._tmp = inline._tmp
-    return block(inline.tree(), Source(text))
+    return block(*inline, Source(text))
 
 
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
@@ -257,9 +254,8 @@ class Emitter:
     shapes: dict[str, tuple[int, ...]]
     names: dict[Var, str] = field(default_factory=dict)
     checks: list[str] = field(default_factory=list)  # each run-time index check's error, with {value}
-    out: Writer = field(default_factory=Writer)
+    out: list[Stmt] = field(default_factory=list)  # the kernel's statements, resolved (`put`)
     used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
-    hoisted: dict[Expr, str] = field(default_factory=dict)  # loads and indices already held in a local
     # float32 literals and constant tables, defined once at module level: numba freezes globals
     # into constants, and typing an np.float32(...) call at every use made big kernels compile
     # ~25% slower. Text -> name.
@@ -268,6 +264,7 @@ class Emitter:
     # leading dimensions the enclosing loops fix, the local's name)
     staged: dict[str, tuple[int, str]] = field(default_factory=dict)
     buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)
+    _temps: int = 0  # the temporaries named so far (`temp`)
 
     def name(self, v: Var) -> str:
         if v not in self.names:
@@ -340,8 +337,6 @@ class Emitter:
         return self.index(buffer, lead, loc_text)
 
     def expr(self, e: Expr) -> str:
-        if self.hoisted and isinstance(e, (Load, Bin)) and e in self.hoisted:
-            return self.hoisted[e]
         match e:
             case Const(v, dtype):
                 return self.const(v, dtype)
@@ -397,7 +392,10 @@ class Emitter:
                 return self.cast(self.expr(v), dtype)
             case Local(name):
                 return name
-            case Element(array, index, _):
+            case Element(array, index, _, buffer):
+                if buffer:
+                    self.used.setdefault(array, None)
+                    array = self.buffer(array)
                 return f"{array}[{', '.join(self.expr(i) for i in index)}]"
             case Chain(op, args, grouped):
                 text = f" {op.value} ".join(map(self.expr, args))
@@ -414,11 +412,9 @@ class Emitter:
 
     def _speculable(self, e: Expr) -> bool:
         """Whether `e` may be computed where its select does not take it (`branchless`): no load
-        but those already read into variables (a guarded one may be out of range), no reduction,
-        no integer division or remainder by a variable (it may be zero)."""
+        (a guarded one may be out of range; those hoisted are locals), no reduction, no integer
+        division or remainder by a variable (it may be zero)."""
         for n in walk_expr(e):
-            if self.hoisted and n in self.hoisted:
-                continue
             match n:
                 case Load() | Reduce():
                     return False
@@ -432,14 +428,19 @@ class Emitter:
         return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"
 
     def put(self, *stmts: Stmt) -> None:
-        """Write `stmts` where the code generator's Writer `out` stands, resolved now: names,
-        literals and buffers taken in the order the statements are written."""
-        self.out.add(resolve(block(*stmts), self))
+        """Add `stmts` to the kernel's statements, resolved now: its buffers listed, its run-time
+        checks numbered in the order the kernel's nests are put."""
+        self.out.append(resolve(block(*stmts), self))
+
+    def temp(self, base: str) -> str:
+        """A name for a local of the kernel's own, `base` and a number unique in the kernel."""
+        self._temps += 1
+        return f"{base}{self._temps}"
 
     def reduce_inline(self, r: Reduce) -> str:
         """Hoist a reduction out of an expression: its loop goes before the line that uses it."""
-        tmp = self.out.temp("red")
-        self.out.add(resolve(schedule.run(split_accumulators, lower.accumulation(r, lower.accumulator(r, tmp))), self))
+        tmp = self.temp("red")
+        self.out.append(resolve(schedule.run(split_accumulators, lower.accumulation(r, lower.accumulator(r, tmp))), self))
         return tmp
 
 

@@ -3,16 +3,18 @@ they share.
 
 Without this, a store between two phases makes LLVM read again and not vectorize. An index that
 two hoisted loads share is computed once, before them: numba's compile time grows with every
-operation, and an edge of a bilinear gradient reads 12 loads at 4 columns. runtime/gathers.py
-writes the decision as `ix<k> = ...` and `h<k> = ...` Lets at the top of the iteration.
+operation, and an edge of a bilinear gradient reads 12 loads at 4 columns. `hoist` writes the
+decision into an iteration's statements: `ix<k> = ...` and `h<k> = ...` Lets at their top, the
+statements reading those locals.
 """
 from __future__ import annotations
 
 import collections
 
-from halide_ad.ir import Bin, Expr, Load, Reduce, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Expr, Load, Reduce, Var
+from halide_ad.runtime.loops import Let, Local, Row, Stmt, map_exprs
 from halide_ad.solver.bounds import checked_at_run_time, interval
-from halide_ad.traverse import walk
+from halide_ad.traverse import map_children, walk
 
 
 def hoist_loads(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
@@ -43,3 +45,32 @@ def _within(e: Expr, n: int, ranges) -> bool:
         return False
     span = interval(e, ranges)
     return span is not None and 0 <= span[0] and span[1] < n
+
+
+def hoist(shared: list[Bin], loads: list[Load]) -> tuple[list[Let], dict[Expr, Local]]:
+    """(the Lets that compute the `shared` indices into `ix<k>` and read the `loads` into `h<k>`
+    (`hoist_loads`'s choice), each load's index reading the ix locals; what each local replaces,
+    for `reading`)."""
+    indices = {i: Local(f"ix{k}", INDEX_DTYPE) for k, i in enumerate(shared)}
+    lets = [Let(local, i) for i, local in indices.items()]
+    lets += [Let(Local(f"h{k}", n.dtype), substituted(n, indices)) for k, n in enumerate(loads)]
+    return lets, indices | {n: let.var for n, let in zip(loads, lets[len(shared):], strict=True)}
+
+
+def reading(s: Stmt, env: dict[Expr, Expr]) -> Stmt:
+    """`s` with each expression of `env` (loads, indices, variables) replaced by its value, the
+    outermost first: a hoisted load is read from its local whole, not at a hoisted index."""
+    return map_exprs(s, lambda e: substituted(e, env)) if env else s
+
+
+_KEYS = (Load, Bin, Var)
+
+
+def substituted(e: Expr, env: dict[Expr, Expr]) -> Expr:
+    """`e` with its outermost subexpressions that are keys of `env` replaced (a row a lane fold
+    reads keeps its first load, whose indices are replaced)."""
+    if type(e) in _KEYS and e in env:  # (a lookup hashes a whole subtree: only where a key may be)
+        return env[e]
+    if isinstance(e, Row):
+        return Row(map_children(e.first, lambda c: substituted(c, env)))
+    return map_children(e, lambda c: substituted(c, env)) if isinstance(e, Expr) else e

@@ -1,21 +1,19 @@
 """The schedule decisions that the gather loop nests follow (runtime/schedule/), on IR data: which
 loads an iteration hoists, which corners run from tables, when an adjoint runs a row at a time or
 in column blocks, when a separable window runs as two passes, how a long sum splits into parts,
-when a pointwise definition runs in phases or around a box; and choose_parallel on a nest the gathers wrote."""
+when a pointwise definition runs in phases or around a box."""
 from __future__ import annotations
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Select, Var
-from halide_ad.runtime.loops import Kind, Source, loops
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
 from halide_ad.runtime.schedule.hoist import hoist_loads
 from halide_ad.runtime.schedule.boundary import box_ranges
-from halide_ad.runtime.schedule.parallel import choose_parallel, region_parallel
+from halide_ad.runtime.schedule.parallel import region_parallel
 from halide_ad.runtime.schedule.phases import pointwise_split
 from halide_ad.runtime.schedule.rfactor import MAX_PARTS, split_reduction
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows, taps_by_rows
 from halide_ad.runtime.schedule.separable import MAX_SEPARABLE_TEMP, ring_rows, separable_window
-from halide_ad.runtime.writer import Writer
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.traverse import walk
 
@@ -180,23 +178,6 @@ def test_a_sum_of_selects_on_its_variables_runs_around_a_box_with_each_test_deci
     assert [p.value for g in edge for p in g.pieces] == [_x(i, Const(0, INDEX_DTYPE))]  # the select fails at j = 0
     data = Select(Bin(Op.GT, _x(i, j), Const(0.0, "float32")), _x(i, j), Const(0.0, "float32"))
     assert pointwise_split(Func("relu", (i, j), (4, 16), Bin(Op.ADD, _x(i, j), data), "float32")) is None
-
-
-def test_a_nest_written_as_lines_gets_its_parallel_loop_from_choose_parallel(monkeypatch):
-    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
-    w = Writer()
-    w.line("# before")
-    start = len(w.ops)
-    w.loop("n", 0, 1)
-    w.loop("c", 0, 8)
-    w.loop("i", 0, 16)
-    w.line("acc = x[n, c, i]")
-    w.line("out[n, c, i] = acc")
-    w.depth = 0
-    w.rewrite(start, lambda nest: choose_parallel(nest.body[0]))
-    tree = w.tree()
-    assert [loop.kind for loop in loops(tree)] == [Kind.SERIAL, Kind.PARALLEL, Kind.SERIAL]  # c: the first longer than 1
-    assert isinstance(tree.body[0], Source) and tree.body[0].text == "# before"
 
 
 def test_thin_regions_run_serially_and_the_box_ranges_name_the_phase_variables(monkeypatch):
