@@ -38,7 +38,7 @@ from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
-from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, reading
+from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
 from halide_ad.traverse import map_children
@@ -94,9 +94,8 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
             parallel = not in_box_loop and region_parallel(ranges)
             steps = [(d, *ranges[vars_[d]]) for d in range(start, len(vars_))]
             names = {d: em.name(vars_[d]) for d, lo, hi in steps if lo != hi}
-            lets, env = hoist(*hoist_loads(gs, ranges, em.shapes, written))
             hoisted.clear()
-            s: Stmt = block(*lets, reading(body(gs), env))
+            s = schedule.run(hoist_loads, body(gs), gs, ranges, em.shapes, written)
             for d, lo, hi in reversed(steps):
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
                     s = block(Let(vars_[d], Const(lo, INDEX_DTYPE)), s)
@@ -139,9 +138,9 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         stride, q = split.strides[k], split.phase_vars[k]
         lo, hi = box[v]
         name, out = em.name(q), []
-        if k == len(split.phased) - 1:  # the phases of one iteration share their loads
-            lets, env = hoist(*hoist_loads([g for p in range(stride) for g in split.phases[combo + (p,)]],
-                                           box_ranges(vars_, shape, split), em.shapes, written))
+        if k == len(split.phased) - 1 and not config.skipped("hoist_loads"):  # the phases share their loads
+            lets, env = hoist(*loads_to_hoist([g for p in range(stride) for g in split.phases[combo + (p,)]],
+                                              box_ranges(vars_, shape, split), em.shapes, written))
             out += lets
             hoisted.clear()
             hoisted.update(env)

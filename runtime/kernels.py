@@ -14,7 +14,7 @@ passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accum
 `fuse_rows`). The split forward nests (`pointwise_split`), the gather loop nests
 (runtime/gathers.py) and the staging here are built as whole nests following the decisions of
 runtime/schedule/ (`interior`, `pointwise_split`, `separable_window`, `tabled_points`,
-`hoist_loads`, `gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`).
+`loads_to_hoist`, `gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`).
 Each adjoint's nest is resolved (`Emitter.put`) as soon as it is built: the kernel lists its
 buffers in that order, and a staged plane's reads print from its local only while its pair of
 nests is resolved.

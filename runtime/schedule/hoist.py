@@ -1,5 +1,5 @@
-"""hoist_loads: the loads a gather loop nest's iteration reads once, at its top, and the indices
-they share.
+"""hoist_loads: a gather loop nest's iteration reads the loads it can once, at its top, and the
+indices they share once, before them (`loads_to_hoist` chooses them).
 
 Without this, a store between two phases makes LLVM read again and not vectorize. An index that
 two hoisted loads share is computed once, before them: numba's compile time grows with every
@@ -12,13 +12,13 @@ from __future__ import annotations
 import collections
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Expr, Load, Reduce, Var
-from halide_ad.runtime.loops import Let, Local, Row, Stmt, map_exprs
+from halide_ad.runtime.loops import Let, Local, Row, Stmt, block, map_exprs
 from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.traverse import map_children, walk
 
 
-def hoist_loads(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
-                written: str) -> tuple[list[Bin], list[Load]]:
+def loads_to_hoist(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
+                   written: str) -> tuple[list[Bin], list[Load]]:
     """(the indices computed once, the loads read once) for an iteration of a loop nest over
     `ranges` (inclusive, per loop variable) running `gathers`: every load of their pieces that
     depends only on the loop variables (none of a piece's window, nor of a reduction nested in
@@ -49,12 +49,20 @@ def _within(e: Expr, n: int, ranges) -> bool:
 
 def hoist(shared: list[Bin], loads: list[Load]) -> tuple[list[Let], dict[Expr, Local]]:
     """(the Lets that compute the `shared` indices into `ix<k>` and read the `loads` into `h<k>`
-    (`hoist_loads`'s choice), each load's index reading the ix locals; what each local replaces,
-    for `reading`)."""
+    (`loads_to_hoist`'s choice), each load's index reading the ix locals; what each local
+    replaces, for `reading`)."""
     indices = {i: Local(f"ix{k}", INDEX_DTYPE) for k, i in enumerate(shared)}
     lets = [Let(local, i) for i, local in indices.items()]
     lets += [Let(Local(f"h{k}", n.dtype), substituted(n, indices)) for k, n in enumerate(loads)]
     return lets, indices | {n: let.var for n, let in zip(loads, lets[len(shared):], strict=True)}
+
+
+def hoist_loads(s: Stmt, gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
+                written: str) -> Stmt:
+    """`s`, an iteration of `gathers` over `ranges` writing buffer `written`, with the loads that
+    `loads_to_hoist` chooses read once at its top, and the indices they share computed once."""
+    lets, env = hoist(*loads_to_hoist(gathers, ranges, shapes, written))
+    return block(*lets, reading(s, env))
 
 
 def reading(s: Stmt, env: dict[Expr, Expr]) -> Stmt:

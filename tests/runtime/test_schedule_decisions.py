@@ -7,7 +7,7 @@ from __future__ import annotations
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Select, Var
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
-from halide_ad.runtime.schedule.hoist import hoist_loads
+from halide_ad.runtime.schedule.hoist import loads_to_hoist
 from halide_ad.runtime.schedule.boundary import box_ranges
 from halide_ad.runtime.schedule.parallel import region_parallel
 from halide_ad.runtime.schedule.phases import pointwise_split
@@ -43,16 +43,16 @@ def _x(*index, buffer="x"):
     return Load(buffer, tuple(index), "float32")
 
 
-def test_hoist_loads_takes_the_loads_in_range_of_every_iteration_and_their_shared_indices():
+def test_loads_to_hoist_takes_the_loads_in_range_of_every_iteration_and_their_shared_indices():
     shapes = {"x": (10,), "y": (10,), "adj_x": (10,)}
     window = _piece(_times(_x(r), _x(j)), loops=[Range(r, 0, 3)])
     plain = _piece(_times(_x(_plus(j, 1)), _x(_plus(j, 1), buffer="y"), _x(j, buffer="adj_x")))
-    shared, loads = hoist_loads([_gather(window, plain)], {j: (0, 8)}, shapes, "adj_x")
+    shared, loads = loads_to_hoist([_gather(window, plain)], {j: (0, 8)}, shapes, "adj_x")
     # x[r] moves with the window, adj_x is the buffer written; j + 1 is read twice
     assert sorted(map(repr, loads)) == sorted(map(repr, [_x(j), _x(_plus(j, 1)), _x(_plus(j, 1), buffer="y")]))
     assert shared == [_plus(j, 1)]
     # at j = 9, x[j + 1] would read past the end: only x[j] is safe to read unguarded
-    shared, loads = hoist_loads([_gather(window, plain)], {j: (0, 9)}, shapes, "adj_x")
+    shared, loads = loads_to_hoist([_gather(window, plain)], {j: (0, 9)}, shapes, "adj_x")
     assert loads == [_x(j)] and shared == []
 
 

@@ -105,3 +105,24 @@ def test_a_phased_nest_hoists_the_loads_its_phases_share(monkeypatch):
     stores = [s for s in walk(phase_loop) if isinstance(s, Store)]
     assert len(stores) == 2  # one per phase, each reading only the hoisted locals
     assert not any(isinstance(e, Load) for s in stores for e in walk_expr(s.value))
+
+
+def test_hoist_loads_is_a_pass_that_a_skip_leaves_out_and_a_dump_prints(monkeypatch, capsys):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    left = Select(Bin(Op.GE, _plus(j, -1), Const(0, INDEX_DTYPE)), _x(i, _plus(j, -1)), Const(0.0, "float32"))
+    f = Func("d", (i, j), (4, 16), Bin(Op.ADD, _x(i, j), left), "float32")
+    split = pointwise_split(f)
+
+    def built():
+        em = Emitter({"x": (4, 16), "d": (4, 16)})
+        return split_loop_nest(em, f.vars, f.shape, split, _store_sum(f), [as_gather(f)], f.name)
+
+    monkeypatch.setenv("HALIDE_AD_DUMP", "hoist_loads")
+    hoisted = built()
+    assert "# after hoist_loads\n" in capsys.readouterr().out
+    monkeypatch.setenv("HALIDE_AD_SKIP", "hoist_loads")
+    plain = built()
+    assert "# after hoist_loads (skipped)" in capsys.readouterr().out
+    assert any(isinstance(s, Let) and isinstance(s.var, Local) for s in walk(hoisted))
+    assert not any(isinstance(s, Let) and isinstance(s.var, Local) for s in walk(plain))
+    assert reading(plain, {}) == plain and len(loops(plain)) == len(loops(hoisted))
