@@ -32,8 +32,8 @@ Decisions, pure functions of the IR, each tested on data:
 
 Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
 was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the
-nests a pass returns. HALIDE_AD_SKIP=taps_by_rows and read_box turn those
-decisions off too.
+nests a pass returns. HALIDE_AD_SKIP=interior (no split gather nests), separable_window,
+tabled_points, taps_by_rows and read_box turn those decisions off too.
 """
 from __future__ import annotations
 

@@ -137,6 +137,22 @@ def test_a_separable_window_runs_as_two_passes_outside_the_parallel_plane():
     assert not separable_window(Split(box={}, inside=[]), (8, 64, 64), first=1, par=0)
 
 
+def test_the_optional_split_decisions_each_have_a_skip(monkeypatch):
+    """HALIDE_AD_SKIP names each optional decision of a split gather nest: no box, no separable
+    window, no tabled corners (the nests stay correct, only slower)."""
+    three = ((-1, 0.25), (0, 0.5), (1, 0.25))
+    separable = Split(box={i: (1, 62), j: (1, 62)}, inside=[], separable=Separable(_x(n, i, j), 1, 1, three, three))
+    corners = [({i: (0, 0), j: (0, 0)}, [_corner(0)]), ({i: (0, 0), j: (9, 9)}, [_corner(1)])]
+    half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
+    up = Func("up", (i, j), (4, 16), Load("x", (i, half), "float32"), "float32")
+    assert separable_window(separable, (8, 64, 64), first=1, par=0) and tabled_points(corners, (i, j), {})
+    assert pointwise_split(up) is not None
+    monkeypatch.setenv("HALIDE_AD_SKIP", "separable_window,tabled_points,interior")
+    assert not separable_window(separable, (8, 64, 64), first=1, par=0)
+    assert tabled_points(corners, (i, j), {}) == []
+    assert pointwise_split(up) is None
+
+
 def test_split_reduction_sums_a_long_loss_in_parts(monkeypatch):
     monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
     loss = Func("loss", (), (), Reduce("sum", _x(r), (Range(r, 0, 4096),)), "float32")

@@ -3,7 +3,9 @@ hoisting pass over an iteration's statements (runtime/schedule/hoist.py), tested
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+import halide_ad as hd
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Select, Var
 from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
@@ -126,3 +128,21 @@ def test_hoist_loads_is_a_pass_that_a_skip_leaves_out_and_a_dump_prints(monkeypa
     assert any(isinstance(s, Let) and isinstance(s.var, Local) for s in walk(hoisted))
     assert not any(isinstance(s, Let) and isinstance(s.var, Local) for s in walk(plain))
     assert reading(plain, {}) == plain and len(loops(plain)) == len(loops(hoisted))
+
+
+def _blur(img):
+    c = hd.repeat_edge(img)
+    r, s = hd.rdom(3, 3)
+    return hd.compute(img.shape, lambda y, x: hd.sum(c[y + r - 1, x + s - 1]) * 0.25, name="blur")
+
+
+@pytest.mark.parametrize("skip, gone", [("tabled_points", "for point in range"),
+                                         ("interior,hoist_loads", "h0 = ")])
+def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(monkeypatch, skip, gone):
+    img = np.arange(6 * 7, dtype=np.float64).reshape(6, 7) % 5
+    ct = np.cos(np.arange(6 * 7, dtype=np.float64)).reshape(6, 7)
+    assert gone in hd.explain(hd.func(_blur), img).backward_source
+    expected = hd.vjp(hd.func(_blur), img)[1](ct)
+    monkeypatch.setenv("HALIDE_AD_SKIP", skip)
+    assert gone not in hd.explain(hd.func(_blur), img).backward_source
+    np.testing.assert_allclose(hd.vjp(hd.func(_blur), img)[1](ct), expected, rtol=1e-12)
