@@ -240,7 +240,7 @@ def _full_loops(em: Emitter, vars_, shape, dims, par, inner: Stmt) -> Stmt:
 
 
 def _tabled_points(em: Emitter, points, dims, body) -> Stmt:
-    """One loop over the points (`_tabled_points`): each point's position, and its taps'
+    """One loop over the points (`tabled_points`): each point's position, and its taps'
     constant indices and weights, read from module-level tables; `body` stores the sum."""
     per_point = [taps for _, taps in points]
     load, lead, _ = per_point[0][0]
@@ -316,7 +316,7 @@ def tap_rows(gs, var: Var, lo: int, hi: int, index: tuple[Expr, ...], name: str,
     `taps_by_rows` decides: each point's first terms (`point_start`), stored; then each window's
     loops around a loop over the row that adds one tap to every point of it, into the adjoint
     (of `dtype`, not wider: the caller's test), so that LLVM vectorizes along the row. Each point
-    adds its terms in the order the point at a time does (`emit_gather`). None where the
+    adds its terms in the order the point at a time does (`gather_statements`). None where the
     decision declines, or where a window would run in lanes (`split_accumulators`, another order)."""
     if not taps_by_rows(var, gs, name):
         return None

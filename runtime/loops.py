@@ -60,7 +60,7 @@ class Local(Expr):
 class Element(Expr):
     """array[index]: an element of a local array (Allocate) or a module-level table, indexed
     within its shape by construction (no check, no wraparound); or of a buffer at indices read
-    from such a table (a corner's taps, `gathers._emit_tabled_points`)."""
+    from such a table (a corner's taps, `gathers._tabled_points`), where `buffer` says so."""
     array: str
     index: tuple[Expr, ...]
     dtype: str
