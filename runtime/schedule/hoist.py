@@ -49,12 +49,14 @@ def _within(e: Expr, n: int, ranges) -> bool:
 
 def hoist(shared: list[Bin], loads: list[Load]) -> tuple[list[Let], dict[Expr, Local]]:
     """(the Lets that compute the `shared` indices into `ix<k>` and read the `loads` into `h<k>`
-    (`loads_to_hoist`'s choice), each load's index reading the ix locals; what each local
-    replaces, for `reading`)."""
-    indices = {i: Local(f"ix{k}", INDEX_DTYPE) for k, i in enumerate(shared)}
-    lets = [Let(local, i) for i, local in indices.items()]
-    lets += [Let(Local(f"h{k}", n.dtype), substituted(n, indices)) for k, n in enumerate(loads)]
-    return lets, indices | {n: let.var for n, let in zip(loads, lets[len(shared):], strict=True)}
+    (`loads_to_hoist`'s choice), each reading the locals before it (`ix1 = ix0 + 1`); what each
+    local replaces, for `reading`)."""
+    env: dict[Expr, Local] = {}
+    lets = []
+    for name, e in [(f"ix{k}", i) for k, i in enumerate(shared)] + [(f"h{k}", n) for k, n in enumerate(loads)]:
+        lets.append(Let(Local(name, e.dtype if isinstance(e, Load) else INDEX_DTYPE), substituted(e, env)))
+        env[e] = lets[-1].var
+    return lets, env
 
 
 def hoist_loads(s: Stmt, gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],

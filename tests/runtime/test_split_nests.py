@@ -50,10 +50,11 @@ def _exprs(s):
 def test_hoist_reads_each_load_once_and_the_shared_index_once():
     shared = _plus(j, 1)
     loads = [_x(i, shared), _x(shared, i)]
-    lets, env = hoist([shared], loads)
-    ix, h0, h1 = (let.var for let in lets)
-    assert [let.var.name for let in lets] == ["ix0", "h0", "h1"] and lets[0].value == shared
-    assert lets[1].value == _x(i, ix) and lets[2].value == _x(ix, i)  # the loads read the shared index
+    lets, env = hoist([shared, _plus(shared, 2)], loads)
+    ix, ix1, h0, h1 = (let.var for let in lets)
+    assert [let.var.name for let in lets] == ["ix0", "ix1", "h0", "h1"] and lets[0].value == shared
+    assert lets[1].value == _plus(ix, 2)  # an index reads the one before it
+    assert lets[2].value == _x(i, ix) and lets[3].value == _x(ix, i)  # the loads read the shared index
     body = Store("out", (i, shared), Bin(Op.MUL, _x(i, shared), _x(shared, i)))
     out = reading(body, env)
     assert out == Store("out", (i, ix), Bin(Op.MUL, h0, h1))  # whole loads first, then indices
