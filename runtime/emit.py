@@ -131,9 +131,9 @@ def _cut(stmts: tuple[Stmt, ...], em) -> list:
 def resolve(s: Stmt, em) -> Stmt:
     """`s` with every expression printed, in order: For nodes with named variables and bounds as
     text, the other statements as Source lines. Printing names variables and buffers, numbers
-    literals and run-time checks and lists the buffers used, so a nest is resolved where it
-    stands among the statements the code generator still writes as text. The loops of a
-    reduction inside an expression go before the line that reads it."""
+    run-time checks and lists the buffers used, in the order the nests are resolved (literals
+    are renumbered in print order by `function`). Resolving a resolved nest returns it. The
+    loops of a reduction inside an expression go before the line that reads it."""
     match s:
         case Block(body):
             return block(*(resolve(c, em) for c in body))
