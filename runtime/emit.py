@@ -24,10 +24,11 @@ from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
-from halide_ad.traverse import walk as walk_expr
+from halide_ad.traverse import children as expr_children
 from halide_ad.runtime.lanes import FOLD
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, Fold,
-                                     For, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block, walk)
+                                     For, Hoisted, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block,
+                                     walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -412,16 +413,22 @@ class Emitter:
 
     def _speculable(self, e: Expr) -> bool:
         """Whether `e` may be computed where its select does not take it (`branchless`): no load
-        (a guarded one may be out of range; those hoisted are locals), no reduction, no integer
-        division or remainder by a variable (it may be zero)."""
-        for n in walk_expr(e):
+        but those already read into locals (a guarded one may be out of range), no reduction, no
+        integer division or remainder by a variable (it may be zero)."""
+        stack = [e]
+        while stack:
+            n = stack.pop()
             match n:
+                case Hoisted(load=load):  # read already: only its index is computed here
+                    stack.extend(load.index)
+                    continue
                 case Load() | Reduce():
                     return False
                 case Bin(Op.FLOORDIV | Op.MOD, _, Const(k)) if k:
-                    continue
+                    pass
                 case Bin(Op.FLOORDIV | Op.MOD):
                     return False
+            stack.extend(expr_children(n))
         return True
 
     def cast(self, text: str, dtype: str) -> str:

@@ -57,6 +57,14 @@ class Local(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Hoisted(Local):
+    """A local holding `load`, read once at the top of an iteration (schedule/hoist.py). It
+    prints as its name, but an index that reads it still reads data: the emitter checks it at
+    run time as it would the load (`solver.bounds.checked_at_run_time` sees the load inside)."""
+    load: Load
+
+
+@dataclass(frozen=True, slots=True)
 class Element(Expr):
     """array[index]: an element of a local array (Allocate) or a module-level table, indexed
     within its shape by construction (no check, no wraparound); or of a buffer at indices read

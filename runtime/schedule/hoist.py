@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Expr, Load, Reduce, Var
-from halide_ad.runtime.loops import Let, Local, Row, Stmt, block, map_exprs
+from halide_ad.runtime.loops import Hoisted, Let, Local, Row, Stmt, block, map_exprs
 from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.traverse import map_children, walk
 
@@ -54,7 +54,8 @@ def hoist(shared: list[Bin], loads: list[Load]) -> tuple[list[Let], dict[Expr, L
     env: dict[Expr, Local] = {}
     lets = []
     for name, e in [(f"ix{k}", i) for k, i in enumerate(shared)] + [(f"h{k}", n) for k, n in enumerate(loads)]:
-        lets.append(Let(Local(name, e.dtype if isinstance(e, Load) else INDEX_DTYPE), substituted(e, env)))
+        value = substituted(e, env)
+        lets.append(Let(Hoisted(name, e.dtype, e) if isinstance(e, Load) else Local(name, INDEX_DTYPE), value))
         env[e] = lets[-1].var
     return lets, env
 

@@ -10,7 +10,7 @@ from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Select, Var
 from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.gathers import split_loop_nest
-from halide_ad.runtime.loops import Block, For, If, Kind, Let, Local, Row, Source, Store, block, loops, walk
+from halide_ad.runtime.loops import Block, For, Hoisted, If, Kind, Let, Local, Row, Source, Store, block, loops, walk
 from halide_ad.runtime.schedule.hoist import hoist, reading, substituted
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.traverse import walk as walk_expr
@@ -107,7 +107,7 @@ def test_a_phased_nest_hoists_the_loads_its_phases_share(monkeypatch):
     assert hoisted and all(s.var.name.startswith(("h", "ix")) for s in hoisted)
     stores = [s for s in walk(phase_loop) if isinstance(s, Store)]
     assert len(stores) == 2  # one per phase, each reading only the hoisted locals
-    assert not any(isinstance(e, Load) for s in stores for e in walk_expr(s.value))
+    assert all(isinstance(s.value.lhs, Hoisted) and isinstance(s.value.rhs, Hoisted) for s in stores)
 
 
 def test_hoist_loads_is_a_pass_that_a_skip_leaves_out_and_a_dump_prints(monkeypatch, capsys):
@@ -147,3 +147,14 @@ def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(
     monkeypatch.setenv("HALIDE_AD_SKIP", skip)
     assert gone not in hd.explain(hd.func(_blur), img).backward_source
     np.testing.assert_allclose(hd.vjp(hd.func(_blur), img)[1](ct), expected, rtol=1e-12)
+
+
+def test_an_index_that_reads_a_hoisted_load_is_still_checked_at_run_time():
+    """A data-dependent index reads data whether the load it reads is hoisted or not: the kernel
+    checks it as it would the load."""
+    idx = Load("idx", (i,), "int64")
+    lets, env = hoist([], [idx])
+    store = reading(Store("out", (i,), Load("x", (idx,), "float32")), env)
+    assert store.value.index == (lets[0].var,)  # the load reads the local
+    source = "\n".join(emit.render(block(*lets, store), Emitter({"idx": (4,), "x": (5,), "out": (4,)})))
+    assert "x[nonneg(checked(h0, 5, status, 0))]" in source
