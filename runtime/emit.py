@@ -24,11 +24,11 @@ from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
-from halide_ad.traverse import walk as walk_expr
+from halide_ad.traverse import children as expr_children
 from halide_ad.runtime.lanes import FOLD
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, Fold,
-                                     For, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block, walk)
-from halide_ad.runtime.writer import Writer
+                                     For, Hoisted, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block,
+                                     walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -78,8 +78,22 @@ def function(em, entry: str, body: Block) -> str:
         return out
 
     entry_lines = level(pieces, 1, []) + ["    return None"]
-    literals = "".join(f"{name} = {text}\n" for text, name in em.literals.items())
-    return literals + "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(entry_lines) + "\n"
+    code = "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(entry_lines) + "\n"
+    return _number_literals(em.literals, code)
+
+
+def _number_literals(literals: dict[str, str], code: str) -> str:
+    """`code` after the definitions of its `literals` (text -> name), each named by where it is
+    first read in `code` (`f32_0`, `tab_1`, `f32_2`, ...): in print order, whatever order the
+    statements were resolved in."""
+    if not literals:
+        return code
+    text = {name: t for t, name in literals.items()}
+    final: dict[str, str] = {}
+    for name in re.findall(r"\b(?:" + "|".join(text) + r")\b", code):
+        final.setdefault(name, f"{name.split('_')[0]}_{len(final)}")
+    code = re.sub(r"\b(?:" + "|".join(final) + r")\b", lambda m: final[m.group()], code) if final else code
+    return "".join(f"{new} = {text[old]}\n" for old, new in final.items()) + code
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,46 +129,44 @@ def _cut(stmts: tuple[Stmt, ...], em) -> list:
     return out
 
 
-def resolve(s: Stmt, em, here: bool = True) -> Stmt:
+def resolve(s: Stmt, em) -> Stmt:
     """`s` with every expression printed, in order: For nodes with named variables and bounds as
     text, the other statements as Source lines. Printing names variables and buffers, numbers
-    literals and run-time checks and lists the buffers used, so a nest is resolved where it
-    stands among the statements the code generator still writes as text. The loops of a
-    reduction inside an expression go before the line that reads it, or, without `here`, where
-    the code generator's Writer `em.out` stands (before the gather whose piece reads it, as
-    the gather loop nests place them)."""
+    run-time checks and lists the buffers used, in the order the nests are resolved (literals
+    are renumbered in print order by `function`). Resolving a resolved nest returns it. The
+    loops of a reduction inside an expression go before the line that reads it."""
     match s:
         case Block(body):
-            return block(*(resolve(c, em, here) for c in body))
+            return block(*(resolve(c, em) for c in body))
         case Source(text, body):
-            return Source(text, resolve(body, em, here))
+            return Source(text, resolve(body, em))
         case For(var, lo, hi, kind, body, step):
             name = var if isinstance(var, str) else em.name(var)
-            return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em, here), step)
+            return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em), step)
         case Store(buffer, index, value):
-            return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
         case Accumulate(Load(buffer, index, _, loc), value, "sum", True):
-            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.index(buffer, index, str(loc))} += {em.expr(value)}")
         case Accumulate(target, value, "sum", True):
-            return _with_inline(em, lambda: f"{em.expr(target)} += {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.expr(target)} += {em.expr(value)}")
         case Accumulate(target, value, op, False):
             def text():
                 name = em.expr(target)
                 return f"{name} = {COMBINE[op].format(name, em.expr(value))}"
-            return _with_inline(em, text, here)
+            return _with_inline(em, text)
         case Comment(text):
             return Source(f"# {text}")
         case Allocate(array, shape, dtype):
             return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
         case Let(var, value):
-            return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}", here)
+            return _with_inline(em, lambda: f"{em.expr(var)} = {em.expr(value)}")
         case If(cond, then, otherwise):
             conds = cond if isinstance(cond, tuple) else (cond,)
-            test = _with_inline(em, lambda: f"if {' and '.join(em.expr(c) for c in conds)}:", here)
-            head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em, here)))
+            test = _with_inline(em, lambda: f"if {' and '.join(em.expr(c) for c in conds)}:")
+            head = block(*test.body[:-1], Source(test.body[-1].text, resolve(then, em)))
             if otherwise is None:
                 return head
-            rest = resolve(otherwise, em, here)
+            rest = resolve(otherwise, em)
             first = rest.body[0]
             if (len(otherwise.body) == 1 and isinstance(otherwise.body[0], If) and isinstance(first, Source)
                     and first.text.startswith("if ")):  # (not after a reduction the test computes)
@@ -206,20 +218,15 @@ def _bound(b: Bound, em) -> str:
     return b if isinstance(b, str) else str(b) if isinstance(b, int) else em.expr(b)
 
 
-def _with_inline(em, line, here: bool = True) -> Block:
+def _with_inline(em, line) -> Block:
     """`line()`'s text as a Source line, after the loops of the reductions it computes inline (the
-    Emitter writes those to `em.out` while it prints the expression), or, without `here`, with
-    those loops left in `em.out`."""
-    if not here:
-        return block(Source(line()))
-    saved, em.out = em.out, Writer()
-    em.out._tmp = saved._tmp  # temporaries stay unique in the kernel
+    Emitter adds those to `em.out` while it prints the expression)."""
+    saved, em.out = em.out, []
     try:
         text = line()
     finally:
         inline, em.out = em.out, saved
-        saved._tmp = inline._tmp
-    return block(inline.tree(), Source(text))
+    return block(*inline, Source(text))
 
 
 _NP_FUNCS = {"exp": "np.exp", "log": "np.log", "log1p": "np.log1p", "sqrt": "np.sqrt", "sin": "np.sin",
@@ -248,9 +255,8 @@ class Emitter:
     shapes: dict[str, tuple[int, ...]]
     names: dict[Var, str] = field(default_factory=dict)
     checks: list[str] = field(default_factory=list)  # each run-time index check's error, with {value}
-    out: Writer = field(default_factory=Writer)
+    out: list[Stmt] = field(default_factory=list)  # the kernel's statements, resolved (`put`)
     used: dict[str, None] = field(default_factory=dict)  # buffers the code reads or writes, in order
-    hoisted: dict[Expr, str] = field(default_factory=dict)  # loads and indices already held in a local
     # float32 literals and constant tables, defined once at module level: numba freezes globals
     # into constants, and typing an np.float32(...) call at every use made big kernels compile
     # ~25% slower. Text -> name.
@@ -259,6 +265,7 @@ class Emitter:
     # leading dimensions the enclosing loops fix, the local's name)
     staged: dict[str, tuple[int, str]] = field(default_factory=dict)
     buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)
+    _temps: int = 0  # the temporaries named so far (`temp`)
 
     def name(self, v: Var) -> str:
         if v not in self.names:
@@ -331,8 +338,6 @@ class Emitter:
         return self.index(buffer, lead, loc_text)
 
     def expr(self, e: Expr) -> str:
-        if self.hoisted and isinstance(e, (Load, Bin)) and e in self.hoisted:
-            return self.hoisted[e]
         match e:
             case Const(v, dtype):
                 return self.const(v, dtype)
@@ -388,7 +393,10 @@ class Emitter:
                 return self.cast(self.expr(v), dtype)
             case Local(name):
                 return name
-            case Element(array, index, _):
+            case Element(array, index, _, buffer):
+                if buffer:
+                    self.used.setdefault(array, None)
+                    array = self.buffer(array)
                 return f"{array}[{', '.join(self.expr(i) for i in index)}]"
             case Chain(op, args, grouped):
                 text = f" {op.value} ".join(map(self.expr, args))
@@ -405,32 +413,41 @@ class Emitter:
 
     def _speculable(self, e: Expr) -> bool:
         """Whether `e` may be computed where its select does not take it (`branchless`): no load
-        but those already read into variables (a guarded one may be out of range), no reduction,
-        no integer division or remainder by a variable (it may be zero)."""
-        for n in walk_expr(e):
-            if self.hoisted and n in self.hoisted:
-                continue
+        but those already read into locals (a guarded one may be out of range), no reduction, no
+        integer division or remainder by a variable (it may be zero)."""
+        stack = [e]
+        while stack:
+            n = stack.pop()
             match n:
+                case Hoisted(load=load):  # read already: only its index is computed here
+                    stack.extend(load.index)
+                    continue
                 case Load() | Reduce():
                     return False
                 case Bin(Op.FLOORDIV | Op.MOD, _, Const(k)) if k:
-                    continue
+                    pass
                 case Bin(Op.FLOORDIV | Op.MOD):
                     return False
+            stack.extend(expr_children(n))
         return True
 
     def cast(self, text: str, dtype: str) -> str:
         return f"np.{'bool_' if dtype == 'bool' else dtype}({text})"
 
     def put(self, *stmts: Stmt) -> None:
-        """Write `stmts` where the code generator's Writer `out` stands, resolved now: names,
-        literals and buffers taken in the order the statements are written."""
-        self.out.add(resolve(block(*stmts), self))
+        """Add `stmts` to the kernel's statements, resolved now: its buffers listed, its run-time
+        checks numbered in the order the kernel's nests are put."""
+        self.out.append(resolve(block(*stmts), self))
+
+    def temp(self, base: str) -> str:
+        """A name for a local of the kernel's own, `base` and a number unique in the kernel."""
+        self._temps += 1
+        return f"{base}{self._temps}"
 
     def reduce_inline(self, r: Reduce) -> str:
         """Hoist a reduction out of an expression: its loop goes before the line that uses it."""
-        tmp = self.out.temp("red")
-        self.out.add(resolve(schedule.run(split_accumulators, lower.accumulation(r, lower.accumulator(r, tmp))), self))
+        tmp = self.temp("red")
+        self.out.append(resolve(schedule.run(split_accumulators, lower.accumulation(r, lower.accumulator(r, tmp))), self))
         return tmp
 
 

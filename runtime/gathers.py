@@ -1,26 +1,21 @@
-"""The gradient's gather loop nests, written as the decisions of runtime/schedule/ say
-(runtime/kernels.py drives).
+"""The gradient's gather loop nests, built whole as loop-nest data (runtime/loops.py) as the
+decisions of runtime/schedule/ say (runtime/kernels.py drives); runtime/emit.py prints them.
 
 A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
-pass picks (`Writer.rewrite`). One with a Split (schedule/boundary.py) runs the interior box with its
-specialized gathers, the regions around it, the edge columns inside the box's row loop, the
-phases of a strided dimension, a separable window's two passes over a ring of rows
-(schedule/separable.py), the corners whose gathers are constant taps as one loop over tables
-(schedule/corners.py); loads read once per iteration are hoisted (schedule/hoist.py); an adjoint
-whose windows walk memory along its last dimension runs a row at a time, in column blocks when
-it is 1-D (schedule/rows.py), built whole as a nest (`row_gathers`); a box's windows that read
-along its last dimension run a row at a time, each tap added to the whole row (`tap_rows`).
+pass picks. One with a Split (schedule/boundary.py) runs the interior box with its specialized
+gathers, the regions around it, the edge columns inside the box's row loop, the phases of a
+strided dimension, a separable window's two passes over a ring of rows (schedule/separable.py),
+the corners whose gathers are constant taps as one loop over tables (schedule/corners.py);
+loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading` rewrite the
+iteration's statements); an adjoint whose windows walk memory along its last dimension runs a
+row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`); a box's
+windows that read along its last dimension run a row at a time, each tap added to the whole row
+(`tap_rows`). A point's guarded pieces follow its sums, the reductions inside them computed
+before (`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`).
 
-The statements are loop-nest nodes (runtime/loops.py), the weighted sums flat `Chain`
-expressions (`(h1 + h2) * f32_2`), each resolved (`emit.resolve`) where it stands in a Writer that
-opens the loops around them as For nodes, so that runtime/emit.py outlines the parallel ones. A
-Split's nest is not built whole and printed after: the emitter numbers literals and tables, lists
-the kernel's buffers and numbers its run-time checks in the order it prints them, and a point's
-guarded pieces are printed before the sums that precede them (`kernels.emit_backward`'s body),
-their inline reductions placed before those sums; printed in the nest's order, the same kernel
-would number its literals and order its parameters differently. Text lines left: a box without
-regions looping over its spans (`for span in spans:`, a tuple of ranges) and the headers of the
-tabled points' loops (`for tap in range(count[point]):`; a For prints its lower bound).
+Text lines left (Source nodes): a box without regions looping over its spans (`for span in
+spans:`, a tuple of ranges) and the headers of the tabled points' loops (`for tap in
+range(count[point]):`; a For prints its lower bound).
 """
 from __future__ import annotations
 
@@ -29,58 +24,57 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from halide_ad import config
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Reduce, Var
 from halide_ad.ir import show
 from halide_ad.affine import Affine
-from halide_ad.runtime import emit, lower, schedule
+from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Bound, Chain, Comment, Element, For, Kind, Let,
-                                     Local, Stmt, Store, block, nest)
+from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, Element, For, Kind, Let, Local, Source, Stmt,
+                                     Store, block, map_exprs, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
-from halide_ad.runtime.schedule.hoist import hoist_loads
+from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
-from halide_ad.runtime.writer import Writer
+from halide_ad.traverse import map_children
 
 
-def open_loop(w: Writer, name: str, lo: Bound, hi: Bound, parallel: bool) -> None:
-    w.loop(name, lo, hi, Kind.PARALLEL if parallel else Kind.SERIAL)
+def _kind(parallel: bool) -> Kind:
+    return Kind.PARALLEL if parallel else Kind.SERIAL
 
 
-def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, written: str,
-                     opened: int = 0, terms: float = 1, by_rows=None) -> None:
+def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: str, opened: int = 0,
+                    terms: float = 1, by_rows=None) -> Stmt:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
     `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
     regions beside the box in its last dimension only run inside the box's loop, next to each
-    row's interior. Each body is emitted once per region and once per phase. The loops over the
-    first `opened` dimensions are open already; `terms` is the gathers' terms per point.
-    `by_rows(gathers, var, lo, hi)` writes the box's gathers over a row of the last dimension,
-    columns lo..hi-1, a row at a time (`tap_rows`) and says whether it did."""
+    row's interior. `body` builds a point's statements, once per region and once per phase. The
+    loops over the first `opened` dimensions are open already (outside the nest returned);
+    `terms` is the gathers' terms per point. `by_rows(gathers, var, lo, hi)` is the box's
+    gathers over a row of the last dimension, columns lo..hi-1, a row at a time (`tap_rows`),
+    or None."""
     par = parallel_dim(shape, terms)
     dims = cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
-    depth = w.depth
     if not dims and (split is None or split.separable is None):
         # one perfect nest: choose_parallel picks its loop (inside loops already open, none is)
-        start = len(w.ops)
-        _full_loops(w, em, vars_, shape, range(opened, len(vars_)), None, lambda: body(gathers))
-        w.depth = depth
-        if not opened:
-            w.rewrite(start, lambda nest: schedule.run(choose_parallel, _single(nest), terms))
-        return
+        nest_ = _full_loops(em, vars_, shape, range(opened, len(vars_)), None, body(gathers))
+        return nest_ if opened else schedule.run(choose_parallel, nest_, terms)
     first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
-    _full_loops(w, em, vars_, shape, range(opened, first), par, lambda: None)
-    level = w.depth
+    outer = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(opened, first)]
     i = len(vars_) - 2  # a separable window runs the last two dimensions
     separable = separable_window(split, shape, first, par)
+    # the loads hoisted for the phases of the box's current iteration (`hoist`); a region's own
+    # hoisting ends it, as does the box's end
+    hoisted: dict[Expr, Expr] = {}
+
     # regions beside the box in its last dimension only (a plane's edge columns) run inside the
     # box's loop over the dimension before it, while that row is in cache
     def is_column(region) -> bool:
@@ -89,24 +83,26 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
 
     columns = [c for c in split.outside if is_column(c[0])]
 
-    def regions(chosen, in_box_loop: bool) -> None:
+    def regions(chosen, in_box_loop: bool, aliases=None) -> list[Stmt]:
         """Each region's loop nest, from the first box dimension in (from the last, inside the box's
         loop over the one before it), running its own specialized gathers with each point read
-        once; a thin one (a row of one image), or one inside the box's loop, runs serially."""
-        start, depth_ = (last if in_box_loop else first), w.depth
+        once; a thin one (a row of one image), or one inside the box's loop, runs serially. The
+        variables of `aliases` read as their aliases."""
+        start, out = (last if in_box_loop else first), []
         for region, gs in chosen:
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
             parallel = not in_box_loop and region_parallel(ranges)
-            for d in range(start, len(vars_)):
-                lo, hi = ranges[vars_[d]]
+            steps = [(d, *ranges[vars_[d]]) for d in range(start, len(vars_))]
+            names = {d: em.name(vars_[d]) for d, lo, hi in steps if lo != hi}
+            hoisted.clear()
+            s = schedule.run(hoist_loads, body(gs), gs, ranges, em.shapes, written)
+            for d, lo, hi in reversed(steps):
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
-                    em.put(Let(vars_[d], Const(lo, INDEX_DTYPE)))
+                    s = block(Let(vars_[d], Const(lo, INDEX_DTYPE)), s)
                 else:
-                    open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par and parallel)
-            _hoist_loads(em, gs, ranges, written)
-            body(gs)
-            em.hoisted.clear()
-            w.depth = depth_
+                    s = For(names[d], lo, hi + 1, _kind(d == par and parallel), block(s))
+            out.append(reading(s, aliases or {}))
+        return out
 
     # the box; a separable one runs before the regions around it, whose edge columns (not inside
     # its row loop, which has none) then find the rows it read in cache: a bilinear gradient's
@@ -114,95 +110,88 @@ def split_loop_nest(w: Writer, em: Emitter, vars_, shape, split, body, gathers, 
     # slightly faster after)
     phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
 
-    def box_loops(d: int, combo: tuple[int, ...], at: dict) -> None:
-        if d == last and columns:
-            # a phased row is j = s*q + p: the columns' gathers read it under a name of its own
-            aliases = {}
-            for v, e in at.items():
-                alias = Var(f"{v.name}_{e.rhs.value}")
-                em.put(Let(alias, e))
-                aliases[v] = em.name(alias)
-            side(aliases, [c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]])
-            dim_loop(d, combo, at)
-            side(aliases, [c for c in columns if c[0][vars_[d]][0] > box[vars_[d]][1]])
-        else:
-            dim_loop(d, combo, at)
+    def box_loops(d: int, combo: tuple[int, ...], at: dict) -> list[Stmt]:
+        if not (d == last and columns):
+            return dim_loop(d, combo, at)
+        # a phased row is j = s*q + p: the columns' gathers read it under a name of its own
+        aliases = {v: Var(f"{v.name}_{e.rhs.value}") for v, e in at.items()}
+        out = [reading(Let(aliases[v], e), hoisted) for v, e in at.items()]
+        for v in aliases.values():
+            em.name(v)
+        out += regions([c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]], True, aliases)
+        out += dim_loop(d, combo, at)
+        return out + regions([c for c in columns if c[0][vars_[d]][0] > box[vars_[d]][1]], True, aliases)
 
-    def side(aliases: dict[Var, str], chosen) -> None:
-        saved = {v: em.names[v] for v in aliases}
-        em.names.update(aliases)
-        regions(chosen, True)
-        em.names.update(saved)
-
-    def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> None:
+    def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> list[Stmt]:
         if d == len(vars_):
-            body(split.phases[combo], at) if split.phased else body(split.inside)
-            return
+            return [reading(body(split.phases[combo], at) if split.phased else body(split.inside), hoisted)]
         v = vars_[d]
         if d not in phased:
             lo, hi = box[v] if v in box else (0, shape[d] - 1)
-            if (d == len(vars_) - 1 and d != par and not split.phased and by_rows is not None
-                    and by_rows(split.inside, v, lo, hi + 1)):
-                return
-            open_loop(w, em.name(v), lo, hi + 1, d == par)
-            box_loops(d + 1, combo, at)
-            w.depth -= 1
-            return
+            if d == len(vars_) - 1 and d != par and not split.phased and by_rows is not None and not hoisted:
+                rows_ = by_rows(split.inside, v, lo, hi + 1)
+                if rows_ is not None:
+                    return [rows_]
+            name = em.name(v)
+            return [For(name, lo, hi + 1, _kind(d == par), block(*box_loops(d + 1, combo, at)))]
         k = phased[d]
         stride, q = split.strides[k], split.phase_vars[k]
         lo, hi = box[v]
-        open_loop(w, em.name(q), lo // stride, (hi + 1) // stride, d == par)
-        if k == len(split.phased) - 1:  # the phases of one iteration share their loads
-            _hoist_loads(em, [g for p in range(stride) for g in split.phases[combo + (p,)]],
-                         box_ranges(vars_, shape, split), written)
+        name, out = em.name(q), []
+        if k == len(split.phased) - 1 and not config.skipped("hoist_loads"):  # the phases share their loads
+            lets, env = hoist(*loads_to_hoist([g for p in range(stride) for g in split.phases[combo + (p,)]],
+                                              box_ranges(vars_, shape, split), em.shapes, written))
+            out += lets
+            hoisted.clear()
+            hoisted.update(env)
         for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
-            em.put(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"))
-            box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
-                                                        Const(p, INDEX_DTYPE))})
-        w.depth -= 1
+            out.append(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"))
+            out += box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
+                                                               Const(p, INDEX_DTYPE))})
+        return [For(name, lo // stride, (hi + 1) // stride, _kind(d == par), block(*out))]
 
-    def emit_box() -> None:
+    def box_loop(d: int) -> tuple:
+        """The loop over the box's extent in dimension d, its variable named now."""
+        lo, hi = box.get(vars_[d], (0, shape[d] - 1))
+        return em.name(vars_[d]), lo, hi + 1, _kind(d == par)
+
+    def the_box() -> list[Stmt]:
         if separable:
-            for d in range(first, i):
-                lo, hi = box.get(vars_[d], (0, shape[d] - 1))
-                open_loop(w, em.name(vars_[d]), lo, hi + 1, d == par)
-            _emit_separable(w, em, split, vars_, shape, body)
+            out = [nest([box_loop(d) for d in range(first, i)], _separable(em, split, vars_, shape, body))]
         else:
-            box_loops(first, (), {})
-        em.hoisted.clear()
-        w.depth = level
+            out = box_loops(first, (), {})
+        hoisted.clear()
+        return out
 
-    if separable:
-        emit_box()
+    out = the_box() if separable else []
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
     points = tabled_points(around, vars_[first:], em.staged)
     tabled = {id(region) for region, _ in points}
-    regions([r for r in around if id(r[0]) not in tabled], False)
+    out += regions([r for r in around if id(r[0]) not in tabled], False)
     if points:
-        _emit_tabled_points(w, em, points, vars_[first:], body)
-        w.depth = level
+        out.append(_tabled_points(em, points, vars_[first:], body))
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box, where the last box dimension runs the
         # spans below and above it if the outer ones are inside it, else its whole extent
-        _full_loops(w, em, vars_, shape, range(first, last), par, lambda: None)
+        loops_ = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(first, last)]
         n, (lo, hi) = shape[last], box[vars_[last]]
-        around = f"((0, {lo}), ({hi + 1}, {n}))"
-        outer = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
-        w.line(f"spans = {around} if {' and '.join(outer)} else ((0, {n}), ({n}, {n}))" if outer else
-               f"spans = {around}")
-        w.line("for span in spans:")
-        w.depth += 1
-        open_loop(w, em.name(vars_[last]), "span[0]", "span[1]", False)
-        _full_loops(w, em, vars_, shape, range(last + 1, len(vars_)), par, lambda: body(gathers))
-        w.depth = level
+        spans = f"((0, {lo}), ({hi + 1}, {n}))"
+        inside = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
+        name = em.name(vars_[last])
+        row = For(name, "span[0]", "span[1]", Kind.SERIAL,
+                  block(_full_loops(em, vars_, shape, range(last + 1, len(vars_)), par, body(gathers))))
+        out.append(nest(loops_, block(
+            Source(f"spans = {spans} if {' and '.join(inside)} else ((0, {n}), ({n}, {n}))" if inside else
+                   f"spans = {spans}"),
+            Source("for span in spans:", block(row)))))
     if not separable:
-        emit_box()
-    w.depth = depth
+        out += the_box()
+    return nest(outer, block(*out))
 
 
-def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
+def _separable(em: Emitter, split, vars_, shape, body) -> Stmt:
     """The box's last two dimensions (i, j) as two passes of the Separable window: each source
     row it reads, filtered along j into a ring of rows, then, per output row, the ring's rows
     summed along i. Each output row filters only the source rows the previous one did not read,
@@ -215,7 +204,7 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     span = max(r for r, _ in sep.rows) - first_row + 1
     fresh = min(sep.row_stride, span)  # the rows an output row reads that the one before did not
     mask = ring_rows(split) - 1
-    tmp, k = w.temp("window"), Var("row")
+    tmp, k = em.temp("window"), Var("row")
 
     def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
         return Affine.of(coeffs, c).to_expr()
@@ -229,51 +218,29 @@ def _emit_separable(w: Writer, em: Emitter, split, vars_, shape, body) -> None:
     taps = [(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c))), weight)
             for c, weight in sep.cols]
 
-    em.put(Comment(f"separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first"),
-           Allocate(tmp, (mask + 1, hi_j - lo_j + 1), dtype))
-    open_loop(w, em.name(i), lo_i, hi_i + 1, False)
+    name_i = em.name(i)
     first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
     start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
     if span > fresh:  # the first output row filters all its rows (one loop: numba compiles the body once)
-        start = f"0 if {em.name(i)} == {lo_i} else {start}"
-    open_loop(w, em.name(k), start, stop, False)
-    open_loop(w, em.name(j), lo_j, hi_j + 1, False)
-    em.put(Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype)))))
-    w.depth -= 2
-    open_loop(w, em.name(j), lo_j, hi_j + 1, False)
-    body([], terms=[(ring(affine({i: sep.row_stride}, first + r - first_row)), weight) for r, weight in sep.rows],
-         terms_dtype=dtype)
-    w.depth -= 2
+        start = f"0 if {name_i} == {lo_i} else {start}"
+    name_k, name_j = em.name(k), em.name(j)
+    filtered = For(name_k, start, stop, Kind.SERIAL, block(For(name_j, lo_j, hi_j + 1, Kind.SERIAL, block(
+        Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype))))))))
+    summed = For(name_j, lo_j, hi_j + 1, Kind.SERIAL, block(body(
+        [], terms=[(ring(affine({i: sep.row_stride}, first + r - first_row)), weight) for r, weight in sep.rows],
+        terms_dtype=dtype)))
+    return block(Comment(f"separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first"),
+                 Allocate(tmp, (mask + 1, hi_j - lo_j + 1), dtype),
+                 For(name_i, lo_i, hi_i + 1, Kind.SERIAL, block(filtered, summed)))
 
 
-def _hoist_loads(em: Emitter, gathers, ranges, written: str) -> None:
-    """The loads that `hoist_loads` reads once per iteration, and the indices they share, as
-    Lets at the top of the iteration, which the gathers' expressions then print by name."""
-    em.hoisted.clear()
-    shared, loads = hoist_loads(gathers, ranges, em.shapes, written)
-    for i in shared:
-        name = f"ix{len(em.hoisted)}"
-        em.put(Let(Local(name, INDEX_DTYPE), i))
-        em.hoisted[i] = name
-    for k, n in enumerate(loads):
-        em.put(Let(Local(f"h{k}", n.dtype), n))
-        em.hoisted[n] = f"h{k}"
+def _full_loops(em: Emitter, vars_, shape, dims, par, inner: Stmt) -> Stmt:
+    """`inner` in a loop over the whole extent of each of `dims`."""
+    return nest([(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in dims], inner)
 
 
-def _single(nest: Block) -> Stmt:
-    """The one statement of `nest`, or `nest`: passes see a perfect nest's outermost loop."""
-    return nest.body[0] if len(nest.body) == 1 else nest
-
-
-def _full_loops(w: Writer, em: Emitter, vars_, shape, dims, par, inner) -> None:
-    """Open a loop over the whole extent of each of `dims`, run `inner`, and stay nested."""
-    for d in dims:
-        open_loop(w, em.name(vars_[d]), 0, shape[d], d == par)
-    inner()
-
-
-def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
-    """One loop over the points (`_tabled_points`): each point's position, and its taps'
+def _tabled_points(em: Emitter, points, dims, body) -> Stmt:
+    """One loop over the points (`tabled_points`): each point's position, and its taps'
     constant indices and weights, read from module-level tables; `body` stores the sum."""
     per_point = [taps for _, taps in points]
     load, lead, _ = per_point[0][0]
@@ -292,18 +259,14 @@ def _emit_tabled_points(w: Writer, em: Emitter, points, dims, body) -> None:
     def const(k: int) -> Const:
         return Const(k, INDEX_DTYPE)
 
-    w.line(f"for point in range({len(points)}):")
-    w.depth += 1
-    em.put(*(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
-           Let(taps, Const(0, load.dtype)))
-    w.line(f"for tap in range({count}[point]):")
-    w.depth += 1
-    read = Element(em.buffer(load.buffer), load.index[:lead] + tuple(
-        Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype)
-    em.put(Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True))
-    w.depth -= 1
-    em.used.setdefault(load.buffer, None)
-    body([], terms=[(taps, 1.0)], terms_dtype=load.dtype)
+    read = Element(load.buffer, load.index[:lead] + tuple(
+        Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype, buffer=True)
+    add = Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True)
+    return Source(f"for point in range({len(points)}):", block(
+        *(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
+        Let(taps, Const(0, load.dtype)),
+        Source(f"for tap in range({count}[point]):", block(add)),
+        body([], terms=[(taps, 1.0)], terms_dtype=load.dtype)))
 
 
 def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:
@@ -353,7 +316,7 @@ def tap_rows(gs, var: Var, lo: int, hi: int, index: tuple[Expr, ...], name: str,
     `taps_by_rows` decides: each point's first terms (`point_start`), stored; then each window's
     loops around a loop over the row that adds one tap to every point of it, into the adjoint
     (of `dtype`, not wider: the caller's test), so that LLVM vectorizes along the row. Each point
-    adds its terms in the order the point at a time does (`emit_gather`). None where the
+    adds its terms in the order the point at a time does (`gather_statements`). None where the
     decision declines, or where a window would run in lanes (`split_accumulators`, another order)."""
     if not taps_by_rows(var, gs, name):
         return None
@@ -381,21 +344,37 @@ def tap_rows(gs, var: Var, lo: int, hi: int, index: tuple[Expr, ...], name: str,
     return block(start, *windows)
 
 
-def emit_gather(w: Writer, em: Emitter, g, like: dict[tuple[Load, ...], float], dtype: str,
-                 acc_dtype: str) -> None:
-    """The gather's pieces, but those read unconditionally as a constant times loads of `dtype`:
-    these go into `like`, the constant summed per product of loads, which the caller emits once
-    (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of a
-    bilinear gradient reads each load in up to four gathers, and numba's compile time grows with
-    every operation). A long innermost loop adds into LANES partial sums (`split_accumulators`)."""
-    w.add(emit.resolve(describe(g), em))
+def gather_statements(g, like: dict[tuple[Load, ...], float], dtype: str, acc_dtype: str) -> list[Stmt]:
+    """The gather's comment and pieces, but those read unconditionally as a constant times loads of
+    `dtype`: these go into `like`, the constant summed per product of loads, which the caller
+    adds once (`h4 * f32_1 * f32_2 + h4 * f32_1 * f32_1` is one product and one add: a region of
+    a bilinear gradient reads each load in up to four gathers, and numba's compile time grows
+    with every operation). A long innermost loop adds into LANES partial sums
+    (`split_accumulators`)."""
+    out: list[Stmt] = [describe(g)]
     for piece in g.pieces:
         if (key := _like(piece, dtype)) is not None:
             like[key[0]] = like.get(key[0], 0.0) + key[1]
             continue
-        # (a reduction inside the value is computed before the element's sums, outside its guards)
-        piece_nest = schedule.run(split_accumulators, block(lower.gather_piece(piece, Local("acc", acc_dtype))))
-        w.add(emit.resolve(piece_nest, em, here=False))
+        out.append(schedule.run(split_accumulators, block(lower.gather_piece(piece, Local("acc", acc_dtype)))))
+    return out
+
+
+def lift_reductions(s: Stmt, temp: Callable[[str], str]) -> tuple[list[Stmt], Stmt]:
+    """(the loops computing each reduction inside `s`'s expressions into a local `temp("red")`,
+    `s` reading those locals instead): a point's guarded pieces compute their reductions before
+    the point's sums, outside their guards. Reductions are met in the order they print."""
+    lifted: list[Stmt] = []
+
+    def expr(e):
+        if isinstance(e, Reduce):
+            acc = lower.accumulator(e, temp("red"))
+            lifted.append(schedule.run(split_accumulators, lower.accumulation(e, acc)))
+            return acc
+        return map_children(e, expr) if isinstance(e, Expr) else e
+
+    s = map_exprs(s, expr)  # (before `lifted` is read: the walk fills it)
+    return lifted, s
 
 
 def gather_terms(gathers, shape: tuple[int, ...]) -> float:
@@ -469,6 +448,6 @@ def describe(c) -> Comment:
                    + (f"  ({s.loc})" if s.loc else ""))
 
 
-def emit_scatter(w: Writer, em: Emitter, f, adj_name: str, dtype: str) -> None:
-    w.add(emit.resolve(block(describe(f), Comment(f"kept as a scatter: {f.reason}"),
-                             lower.scatter(f, adj_name, dtype)), em))
+def scatter(f, adj_name: str, dtype: str) -> Stmt:
+    """Fallback `f`'s scatter into the adjoint `adj_name` of `dtype`, after comments naming it."""
+    return block(describe(f), Comment(f"kept as a scatter: {f.reason}"), lower.scatter(f, adj_name, dtype))

@@ -12,25 +12,27 @@ the sums over those rows that follow in the same loop, per block of rows
 Every forward nest but the split ones (pointwise, sums and products, max and min, argmax and
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
 passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`,
-`fuse_rows`). The split forward nests (`pointwise_split`), the gather loop nests (runtime/gathers.py) and the
-staging here follow the decisions of runtime/schedule/ (`interior`, `pointwise_split`,
-`separable_window`, `tabled_points`, `hoist_loads`, `gathers_by_rows`, `column_blocks`, `taps_by_rows`,
-`stage_depth`, `row_group`) while they write their statements, nodes resolved where they stand
-(runtime/gathers.py says why), into a Writer, with the loops around them as For nodes, so that
-emit.py outlines every parallel loop from the nest.
+`fuse_rows`). The split forward nests (`pointwise_split`), the gather loop nests
+(runtime/gathers.py) and the staging here are built as whole nests following the decisions of
+runtime/schedule/ (`interior`, `pointwise_split`, `separable_window`, `tabled_points`,
+`loads_to_hoist`, `gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`).
+Each adjoint's nest is resolved (`Emitter.put`) as soon as it is built: the kernel lists its
+buffers in that order, and a staged plane's reads print from its local only while its pair of
+nests is resolved.
 """
 from __future__ import annotations
 
 from halide_ad import config
-from halide_ad.ir import INDEX_DTYPE, Buffer, Cast, Const, Func, Load, Program, Reduce, Var, adjoint_name, argindex_name
+from halide_ad.ir import INDEX_DTYPE, Buffer, Cast, Const, Func, Load, Op, Program, Reduce, Var, adjoint_name, argindex_name
 from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
-from halide_ad.runtime.loops import Accumulate, Comment, For, Kind, Let, Local, Source, Stmt, Store, block, walk
-from halide_ad.runtime.gathers import (emit_gather, emit_scatter, gather_terms, open_loop, point_start, row_gathers,
-                                       split_loop_nest, tap_rows, weighted_sums, wide_gathers)
+from halide_ad.runtime.loops import (Accumulate, Chain, Comment, For, Kind, Let, Local, Source, Stmt, Store, block,
+                                     nest as loop_nest, walk)
+from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
+                                       scatter, split_loop_nest, tap_rows, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.column_parts import column_parts, row_blocks, row_term
@@ -39,7 +41,6 @@ from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, p
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
-from halide_ad.runtime.writer import Writer
 from halide_ad.traverse import flat_index, walk as walk_expr
 
 
@@ -51,7 +52,7 @@ def settings() -> tuple:
 def _function(em: Emitter, entry: str) -> str:
     """The module text for `entry(<the buffers it uses>, status)`: runtime/emit.py outlines its
     parallel loops."""
-    return emit.function(em, entry, em.out.tree(1))
+    return emit.function(em, entry, block(*em.out))
 
 
 def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str, local: frozenset[str] = frozenset()
@@ -62,21 +63,16 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str, local: f
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     em = Emitter(shapes)
-    w = em.out
-    w.depth = 1
     run: list[tuple[Func, Stmt]] = []  # the funcs since the last phased one, with their nests
     phased = [f for f in funcs if pointwise_split(f) is not None]
     local = local - {n.buffer for f in phased for n in walk_expr(f.body) if isinstance(n, Load)}
     for f in funcs:
         if (split := pointwise_split(f)) is None:
-            run.append((f, _forward_nest(f, w)))
+            run.append((f, _forward_nest(f, em.temp)))
             continue
         _emit_nests(em, run, local)
         run = []
-        w.line(_comment(f))
-        depth = w.depth
-        _emit_phased(w, em, f, split)
-        w.depth = depth
+        em.put(Source(_comment(f)), _phased(em, f, split))
     _emit_nests(em, run, local)
     return _function(em, entry), list(em.used), em.checks
 
@@ -85,14 +81,14 @@ def _comment(f: Func) -> str:
     return f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else "")
 
 
-def _forward_nest(f: Func, w: Writer) -> Stmt:
+def _forward_nest(f: Func, temp) -> Stmt:
     """The scheduled loop nest computing Func `f`, which is not run in phases."""
     if not isinstance(f.body, Reduce):
         return schedule.run(choose_parallel, lower.pointwise(f))
     if f.body.op in ("sum", "prod") or f.body.op in ("max", "min") and not f.keeps_argindex:
         nest = lower.reduction(f, lower.accumulator(f.body, "acc"))
         nest = schedule.run(choose_parallel, nest, lower.terms(f.body))
-        nest = schedule.run(interchange_rows, nest, f.dtype, w.temp)
+        nest = schedule.run(interchange_rows, nest, f.dtype, temp)
         return schedule.run(split_accumulators, nest)
     nest = lower.extremum_func(f, argindex_name(f.name) if f.keeps_argindex else None, flat_index(f.body.rvars))
     return schedule.run(choose_parallel, nest, lower.terms(f.body))
@@ -105,23 +101,24 @@ def _emit_nests(em: Emitter, run: list[tuple[Func, Stmt]], local: frozenset[str]
         return
     nests = schedule.run(fuse_rows, block(*(s for f, nest in run for s in (Source(_comment(f)), nest))))
     nests = rows_local(nests, {f.name: (f.shape, f.dtype) for f, _ in run  # (an argindex is stored for a gradient)
-                               if f.name in local and not f.keeps_argindex}, em.out.temp)
+                               if f.name in local and not f.keeps_argindex}, em.temp)
     for stmt in nests.body:
         stored = {n.buffer for n in walk(stmt) if isinstance(n, Store)}
         for f, _ in run:
             if isinstance(f.body, Reduce) and f.name in stored:
                 em.index(f.name, f.vars, f.name)  # (the output first among the kernel's parameters)
-        em.out.add(emit.resolve(stmt, em))
+        em.put(stmt)
 
 
-def _emit_phased(w: Writer, em: Emitter, f: Func, split: Split) -> None:
+def _phased(em: Emitter, f: Func, split: Split) -> Stmt:
+    """Pointwise `f`'s nest as `split` runs it (`pointwise_split`)."""
     def body(gs, at=None, terms=(), terms_dtype=None):
         index = tuple((at or {}).get(v, v) for v in f.vars)
-        values = [em.expr(v) for v in [p.value for g in gs for p in g.pieces] + weighted_sums(list(terms), f.dtype)]
+        values = [p.value for g in gs for p in g.pieces] + weighted_sums(list(terms), f.dtype)
         # (a region where every term's test fails, a select's edge: 0)
-        w.line(f"{em.index(f.name, index, f.name)} = {' + '.join(values) or em.expr(Const(0, f.dtype))}")
+        return Store(f.name, index, Chain(Op.ADD, tuple(values)) if values else Const(0, f.dtype))
 
-    split_loop_nest(w, em, f.vars, f.shape, split, body, [as_gather(f)], f.name)
+    return split_loop_nest(em, f.vars, f.shape, split, body, [as_gather(f)], f.name)
 
 
 def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset(),
@@ -144,52 +141,43 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     computed = [p for p in plans if p.contributions and not p.inlined]
     shapes |= {"ct_" + p.adjoint.buffer: p.adjoint.shape for p in computed if p.adjoint.seeded}
     em = Emitter(shapes)
-    w = em.out
-    w.depth = 1
     gathers = [[c for c in p.contributions if isinstance(c, Gather)] for p in computed]
     splits = [interior(p.new_vars, p.adjoint.shape, gs) for p, gs in zip(computed, gathers, strict=True)]
 
-    def nest(k: int, opened: int = 0, read=None) -> None:
+    def nest(k: int, opened: int = 0, read=None) -> Stmt:
         """Adjoint k's loop nest, inside `opened` loops already open; only the `read` box of it
         where given (`clip_split`)."""
         plan, adj = computed[k], computed[k].adjoint
         name = adjoint_name(adj.buffer)
         split = splits[k] if read is None else clip_split(splits[k], plan.new_vars, adj.shape, read) or splits[k]
 
-        def body(gs, at=None, terms=(), terms_dtype=None):
+        def body(gs, at=None, terms=(), terms_dtype=None) -> Stmt:
             """acc = the gathers `gs` (and the `terms`, (expression, weight) pairs whose
             expressions are of `terms_dtype`), stored at j, or at `at[j]` for phased dimensions."""
             index = tuple((at or {}).get(v, v) for v in plan.new_vars)
             wide = wide_gathers(gs, adj)
             acc = Local("acc", "float64" if wide else adj.dtype)
-            guarded = Writer()  # the pieces under a guard or in a loop go after the sums
-            guarded.depth = w.depth
             like: dict[tuple[Load, ...], float] = {}
-            for g in gs:
-                emit_gather(guarded, em, g, like, adj.dtype, acc.dtype)
+            # the pieces under a guard or in a loop go after the sums, their reductions before
+            guarded = [s for g in gs for s in gather_statements(g, like, adj.dtype, acc.dtype)]
+            lifted, guarded = lift_reductions(block(*guarded), em.temp)
             seed = Load("ct_" + adj.buffer, index, adj.dtype) if adj.seeded else None
             first, sums = point_start(like, terms, terms_dtype, seed, adj.dtype)
-            em.put(Let(acc, Cast("float64", first) if wide else first),
-                   *(Accumulate(acc, term, augmented=True) for term in sums))
-            w.extend(guarded)
-            em.put(Store(name, index, acc))
+            return block(*lifted, Let(acc, Cast("float64", first) if wide else first),
+                         *(Accumulate(acc, term, augmented=True) for term in sums), guarded, Store(name, index, acc))
 
-        def by_rows(gs, var, lo, hi) -> bool:
+        def by_rows(gs, var, lo, hi) -> Stmt | None:
             """The box's gathers over a row, a row at a time (`tap_rows`), where they run so."""
-            if em.hoisted or wide_gathers(gs, adj):
-                return False
+            if wide_gathers(gs, adj):
+                return None
             seed = Load("ct_" + adj.buffer, plan.new_vars, adj.dtype) if adj.seeded else None
-            rows = tap_rows(gs, var, lo, hi, plan.new_vars, name, adj.dtype, seed)
-            if rows is not None:
-                em.put(rows)
-            return rows is not None
+            return tap_rows(gs, var, lo, hi, plan.new_vars, name, adj.dtype, seed)
 
         if not opened and splits[k] is None and gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
             em.index(name, plan.new_vars, name)  # (the adjoint first among the buffers its rows use)
-            em.put(row_gathers(plan, gathers[k], name, w.temp))
-            return
+            return row_gathers(plan, gathers[k], name, em.temp)
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
-        split_loop_nest(w, em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
+        return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
 
     terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
     scratch: list[Buffer] = []
@@ -202,72 +190,72 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         count, depth = (0, 0) if config.skipped("fuse_rows") else row_group(computed, splits, gathers, terms, k, private)
         if count:
             after = range(k + count, k + count + column_parts(computed, gathers, range(k, k + count), depth))
-            _emit_row_group(w, em, computed, range(k, k + count), depth,
-                            lambda m: stage_depth(computed, splits, gathers, m, private), nest,
-                            [(computed[m], gathers[m]) for m in after], scratch)
+            em.put(_row_group(em, computed, range(k, k + count), depth,
+                              lambda m: stage_depth(computed, splits, gathers, m, private), nest,
+                              [(computed[m], gathers[m]) for m in after], scratch))
             k = after.stop
             continue
         depth = stage_depth(computed, splits, gathers, k, private)
         if depth:
-            _emit_staged(w, em, computed, k, depth, nest)
+            em.put(_staged(em, computed, k, depth, nest))
             k += 2
             continue
-        nest(k)
-        for s in plan.contributions:
-            if not isinstance(s, Gather):
-                emit_scatter(w, em, s, name, plan.adjoint.dtype)
+        em.put(nest(k), *(scatter(s, name, plan.adjoint.dtype) for s in plan.contributions if not isinstance(s, Gather)))
         k += 1
     return _function(em, entry), list(em.used), em.checks, tuple(scratch)
 
 
-def _emit_row_group(w: Writer, em: Emitter, computed, members: range, depth: int, staged, nest,
-                    folded=(), scratch: list[Buffer] | None = None) -> None:
+def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
+               folded=(), scratch: list[Buffer] | None = None) -> Stmt:
     """Adjoints `members` in one loop nest over their leading `depth` dimensions, the last of
     them parallel, a plane of each per iteration (`schedule.stage.row_group`); `staged(m)`:
-    adjoint m and the next one's `stage_depth`. `folded`: (plan, gathers) of the sums over the
-    rows that follow (`column_parts`): the rows then run in parallel blocks, each adding its
-    rows' terms into a row of partial sums, a buffer appended to `scratch`, and the blocks'
+    adjoint m and the next one's `stage_depth`. Each member's statements are resolved as they
+    are built, in order (the kernel lists its buffers so). `folded`: (plan, gathers) of the sums
+    over the rows that follow (`column_parts`): the rows then run in parallel blocks, each adding
+    its rows' terms into a row of partial sums, a buffer appended to `scratch`, and the blocks'
     rows are added in order after the group."""
     first = computed[members.start]
-    base = w.depth
     if folded:
         blocks, row, part = row_blocks(first.adjoint.shape[0]), first.new_vars[0], Var("part")
         parts = [_parts(em, plan, blocks, scratch) for plan, _ in folded]
-        open_loop(w, em.name(part), 0, blocks.count, True)
-        em.put(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
-                 for (plan, _), name in zip(folded, parts, strict=True)))
-        start = f"{em.name(part)} * {blocks.size}"
-        w.loop(em.name(row), start, f"{start} + {blocks.size}")
+        part_name = em.name(part)
+        zeros = emit.resolve(block(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
+                                     for (plan, _), name in zip(folded, parts, strict=True))), em)
+        start = f"{part_name} * {blocks.size}"
+        loops_ = [(em.name(row), start, f"{start} + {blocks.size}", Kind.SERIAL)]
     else:
-        for d in range(depth):
-            open_loop(w, em.name(first.new_vars[d]), 0, first.adjoint.shape[d], d == depth - 1)
-    level = w.depth
+        loops_ = [(em.name(first.new_vars[d]), 0, first.adjoint.shape[d], Kind.PARALLEL if d == depth - 1 else Kind.SERIAL)
+                  for d in range(depth)]
+    body: list[Stmt] = []
     m = members.start
     while m < members.stop:
-        plan = computed[m]
+        plan, out = computed[m], []
         if m > members.start:
-            em.put(Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s)"))
+            out.append(Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s)"))
         unit = 2 if staged(m) else 1
         for mine, theirs in zip(computed[m + unit - 1].new_vars[:depth], first.new_vars[:depth], strict=True):
             if em.name(mine) != em.name(theirs):
-                em.put(Let(mine, theirs))
-        if unit == 2:
-            _emit_staged(w, em, computed, m, staged(m), nest, depth)
-        else:
-            nest(m, depth)
-        w.depth = level
+                out.append(Let(mine, theirs))
+        out.append(_staged(em, computed, m, staged(m), nest, depth) if unit == 2 else nest(m, depth))
+        body.append(emit.resolve(block(*out), em))
         m += unit
-    for (plan, gs), name in zip(folded, parts if folded else (), strict=True):
+    if not folded:
+        return loop_nest(loops_, block(*body))
+    for (plan, gs), name in zip(folded, parts, strict=True):
         target = Load(name, (part, plan.new_vars[0]), "float64")
-        em.put(Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
-                       f"this block's rows added into {name}"),
-               *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces))
-    w.depth = base
-    for (plan, _), name in zip(folded, parts if folded else (), strict=True):
+        body.append(emit.resolve(block(
+            Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
+                    f"this block's rows added into {name}"),
+            *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces)), em))
+    combined = []
+    for (plan, _), name in zip(folded, parts, strict=True):
         col, acc, b = plan.new_vars[0], Local("acc", "float64"), Var("part")
-        em.put(_columns(plan, block(Let(acc, Load(name, (Const(0, INDEX_DTYPE), col), "float64")),
-                                    For(b, 1, blocks.count, Kind.SERIAL, block(Accumulate(acc, Load(name, (b, col), "float64")))),
-                                    Store(adjoint_name(plan.adjoint.buffer), (col,), acc))))
+        combined.append(_columns(plan, block(
+            Let(acc, Load(name, (Const(0, INDEX_DTYPE), col), "float64")),
+            For(b, 1, blocks.count, Kind.SERIAL, block(Accumulate(acc, Load(name, (b, col), "float64")))),
+            Store(adjoint_name(plan.adjoint.buffer), (col,), acc))))
+    group = For(part_name, 0, blocks.count, Kind.PARALLEL, block(zeros, loop_nest(loops_, block(*body))))
+    return block(group, emit.resolve(block(*combined), em))
 
 
 def _parts(em: Emitter, plan, blocks, scratch: list[Buffer]) -> str:
@@ -285,34 +273,32 @@ def _columns(plan, s: Stmt) -> For:
     return For(plan.new_vars[0], 0, plan.adjoint.shape[0], Kind.SERIAL, block(s))
 
 
-def _emit_staged(w: Writer, em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) -> None:
+def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) -> Stmt:
     """Adjoint k and the next one, a plane of each per iteration of their leading `depth`
-    dimensions, adjoint k's plane in a local array (see `stage_depth`); `nest(k, opened)` emits
+    dimensions, adjoint k's plane in a local array (see `stage_depth`); `nest(k, opened)` builds
     adjoint k's loop nest inside loops already open. The loops over the first `opened`
-    dimensions are open already (a row group's, the parallel one among them)."""
+    dimensions are open already (a row group's, the parallel one among them). Resolved (the
+    emitter reads the staged plane's local while it prints these nests)."""
     producer, consumer = computed[k], computed[k + 1]
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
-    stage = w.temp("stage")  # unique in the kernel: two stages in one function may differ in type
-    em.put(Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
-                   f"reading {name} one plane at a time from {stage}"))
-    base, par = w.depth, parallel_dim(shape)
+    stage = em.temp("stage")  # unique in the kernel: two stages in one function may differ in type
+    comment = Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
+                      f"reading {name} one plane at a time from {stage}")
+    par = parallel_dim(shape)
     plane = producer.adjoint.shape[depth:]
-    allocate = (f"{stage} = lanes.scratch({plane[0]}, np.{dtype})" if len(plane) == 1 and plane[0] <= SCRATCH_MAX
-                else f"{stage} = np.empty({tuple(plane)}, np.{dtype})")  # (a row on the stack: no malloc per row)
-    if par is None or par < opened:
-        w.line(allocate)
-    for d in range(opened, depth):
-        open_loop(w, em.name(consumer.new_vars[d]), 0, shape[d], d == par)
-        if d == par:  # one plane per thread
-            w.line(allocate)
-    for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True):
-        if em.name(mine) != em.name(theirs):
-            em.put(Let(mine, theirs))
+    allocate = Source(f"{stage} = lanes.scratch({plane[0]}, np.{dtype})" if len(plane) == 1 and plane[0] <= SCRATCH_MAX
+                      else f"{stage} = np.empty({tuple(plane)}, np.{dtype})")  # (a row on the stack: no malloc per row)
+    loops_ = [(d, em.name(consumer.new_vars[d])) for d in range(opened, depth)]
+    body = [Let(mine, theirs) for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True)
+            if em.name(mine) != em.name(theirs)]
     em.staged[name] = (depth, stage)
-    level = w.depth
-    nest(k, depth, read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)], depth))
-    w.depth = level
-    nest(k + 1, depth)
-    w.depth = base
+    body += [nest(k, depth, read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)],
+                                     depth)), nest(k + 1, depth)]
+    inner: Stmt = block(*body)
+    for d, var in reversed(loops_):
+        inner = For(var, 0, shape[d], Kind.PARALLEL if d == par else Kind.SERIAL,
+                    block(allocate, inner) if d == par else block(inner))  # (one plane per thread)
+    out = emit.resolve(block(comment, allocate, inner) if par is None or par < opened else block(comment, inner), em)
     del em.staged[name]
+    return out

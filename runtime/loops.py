@@ -6,13 +6,13 @@ loop into the functions `parallel_for` runs. Values, indices and conditions are 
 expressions. A `Source` node is a line of hand-written Python for what has no node of its own yet:
 lowered nests use two, named where they are made: the lanes' combination (`split_accumulators`)
 and the NaN rule of an extremum's test (`lower.extremum`); the gather loop nests of
-runtime/gathers.py, whose statements are nodes resolved where they stand in a Writer, a few
-(named in its docstring), and the forward's phased store (`kernels._emit_phased`).
+runtime/gathers.py a few (named in its docstring), and a staged plane's allocation
+(`kernels._staged`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from halide_ad.ir import Expr, Load, Op, Var, dtype_of
@@ -57,13 +57,22 @@ class Local(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Hoisted(Local):
+    """A local holding `load`, read once at the top of an iteration (schedule/hoist.py). It
+    prints as its name, but an index that reads it still reads data: the emitter checks it at
+    run time as it would the load (`solver.bounds.checked_at_run_time` sees the load inside)."""
+    load: Load
+
+
+@dataclass(frozen=True, slots=True)
 class Element(Expr):
     """array[index]: an element of a local array (Allocate) or a module-level table, indexed
     within its shape by construction (no check, no wraparound); or of a buffer at indices read
-    from such a table (a corner's taps, `gathers._emit_tabled_points`)."""
+    from such a table (a corner's taps, `gathers._tabled_points`), where `buffer` says so."""
     array: str
     index: tuple[Expr, ...]
     dtype: str
+    buffer: bool = False  # `array` is a buffer of the kernel's (named and listed by the emitter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +231,32 @@ def nest(loops: list[tuple[Var | str, Bound, Bound, Kind]], body: Stmt) -> Stmt:
     for var, lo, hi, kind in reversed(loops):
         body = For(var, lo, hi, kind, block(body))
     return body
+
+
+def map_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> Stmt:
+    """`s` with `fn` applied to each expression of its statements, in the order they print: a
+    loop's bounds before its body, a target or index before the value."""
+    match s:
+        case Block(body):
+            return Block(tuple(map_exprs(c, fn) for c in body))
+        case For(_, lo, hi, _, body):
+            lo, hi = (fn(b) if isinstance(b, Expr) else b for b in (lo, hi))
+            return replace(s, lo=lo, hi=hi, body=map_exprs(body, fn))
+        case Store(_, index, value):
+            index = tuple(map(fn, index))
+            return replace(s, index=index, value=fn(value))
+        case Accumulate(target, value) | Let(target, value):
+            target = fn(target)
+            return replace(s, value=fn(value), **{"target" if isinstance(s, Accumulate) else "var": target})
+        case If(cond, then, otherwise):
+            cond = tuple(map(fn, cond)) if isinstance(cond, tuple) else fn(cond)
+            then = map_exprs(then, fn)
+            return replace(s, cond=cond, then=then, otherwise=otherwise and map_exprs(otherwise, fn))
+        case Fail(_, value):
+            return replace(s, value=fn(value))
+        case Source(_, body):
+            return replace(s, body=map_exprs(body, fn))
+    return s  # Allocate, Comment
 
 
 def loops(s: Stmt) -> list[For]:

@@ -1,6 +1,6 @@
 """Schedule passes: pure Loops -> Loops rewrites of the nests runtime/lower.py builds, one per file,
-and the schedule decisions that the gather loop nests (runtime/gathers.py) still follow while they
-write their statements.
+and the schedule decisions that the gather loop nests (runtime/gathers.py) follow while they build
+their nests.
 
 Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `parallel.py`, `choose_parallel`: which loop of a nest runs in parallel (`parallel_dim`); also
@@ -11,6 +11,9 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   axis as LANES partial results (also for the gathers' pieces).
 * `fuse_rows.py`, `fuse_rows`: then, over the kernel's nests, consecutive nests that share buffers
   only at their outer loop's row as one loop over the rows.
+* `hoist.py`, `hoist_loads`: a gather loop nest's region iteration reads the loads it can once,
+  at its top (the phases of a box's iteration share theirs: HALIDE_AD_SKIP=hoist_loads leaves
+  those out too).
 
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the
@@ -19,7 +22,7 @@ Decisions, pure functions of the IR, each tested on data:
   interior box where it is a sum of selects on its variables, like a gather.
 * `separable.py`, `separable_window`: whether the separable window runs as two passes.
 * `corners.py`, `tabled_points`: lone points whose gathers are constant taps, run from tables.
-* `hoist.py`, `hoist_loads`: the loads an iteration reads once, at its top.
+* `hoist.py`, `loads_to_hoist`: the loads an iteration reads once, at its top.
 * `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time; `taps_by_rows`:
   an interior box's windows run a row at a time, the window's loops outside the row's.
 * `stage.py`, `stage_depth`: two adjoints run a plane at a time together, the first computed only
@@ -31,8 +34,8 @@ Decisions, pure functions of the IR, each tested on data:
 
 Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
 was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the
-nests a pass returns. HALIDE_AD_SKIP=taps_by_rows, read_box and column_parts turn those
-decisions off too.
+nests a pass returns. HALIDE_AD_SKIP=interior (no split gather nests), separable_window,
+tabled_points, taps_by_rows, read_box and column_parts turn those decisions off too.
 """
 from __future__ import annotations
 

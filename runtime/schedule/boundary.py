@@ -20,6 +20,8 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 
+from halide_ad import config
+
 from halide_ad.ir import (COMPARISONS, INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Range, Select, Var, const, dtype_of,
                           is_float)
 from halide_ad.runtime.contract import factors
@@ -70,8 +72,9 @@ def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Ga
     The box first grows margins until every boundary guard and min/max is decided; then, where a
     few more rows allow it, until every small quotient (the `(j + 1) // 30` of a mirror's mod) is
     one value, so those loops run exactly once and disappear from the interior.
+    HALIDE_AD_SKIP=interior leaves every nest unsplit.
     """
-    if not new_vars:
+    if not new_vars or config.skipped("interior"):
         return None  # a 0-d adjoint: one point, nothing to split
     if _larger_than(gathers, MAX_NODES):
         return None  # the general loop nest is right, and rewriting it would take longer than it runs

@@ -5,6 +5,7 @@ runtime/gathers.py prints the loop and its tables.
 """
 from __future__ import annotations
 
+from halide_ad import config
 from halide_ad.ir import Const, Load, dtype_of
 from halide_ad.runtime.contract import factors
 from halide_ad.solver.bounds import checked_at_run_time
@@ -15,7 +16,9 @@ def tabled_points(regions, dims, staged) -> list:
     that are single points in `dims` and whose gathers are only constant times loads of one buffer
     at one leading index, the rest constants (`constant_taps`). Empty unless there are two or more,
     all reading the same buffer at the same leading index, and that buffer is not among `staged`
-    (a plane kept in a local array)."""
+    (a plane kept in a local array), or where HALIDE_AD_SKIP names tabled_points."""
+    if config.skipped("tabled_points"):
+        return []
     points = []
     for region, gs in regions:
         if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:

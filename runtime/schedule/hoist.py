@@ -1,22 +1,24 @@
-"""hoist_loads: the loads a gather loop nest's iteration reads once, at its top, and the indices
-they share.
+"""hoist_loads: a gather loop nest's iteration reads the loads it can once, at its top, and the
+indices they share once, before them (`loads_to_hoist` chooses them).
 
 Without this, a store between two phases makes LLVM read again and not vectorize. An index that
 two hoisted loads share is computed once, before them: numba's compile time grows with every
-operation, and an edge of a bilinear gradient reads 12 loads at 4 columns. runtime/gathers.py
-writes the decision as `ix<k> = ...` and `h<k> = ...` Lets at the top of the iteration.
+operation, and an edge of a bilinear gradient reads 12 loads at 4 columns. `hoist` writes the
+decision into an iteration's statements: `ix<k> = ...` and `h<k> = ...` Lets at their top, the
+statements reading those locals.
 """
 from __future__ import annotations
 
 import collections
 
-from halide_ad.ir import Bin, Expr, Load, Reduce, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Expr, Load, Reduce, Var
+from halide_ad.runtime.loops import Hoisted, Let, Local, Row, Stmt, block, map_exprs
 from halide_ad.solver.bounds import checked_at_run_time, interval
-from halide_ad.traverse import walk
+from halide_ad.traverse import map_children, walk
 
 
-def hoist_loads(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
-                written: str) -> tuple[list[Bin], list[Load]]:
+def loads_to_hoist(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
+                   written: str) -> tuple[list[Bin], list[Load]]:
     """(the indices computed once, the loads read once) for an iteration of a loop nest over
     `ranges` (inclusive, per loop variable) running `gathers`: every load of their pieces that
     depends only on the loop variables (none of a piece's window, nor of a reduction nested in
@@ -43,3 +45,43 @@ def _within(e: Expr, n: int, ranges) -> bool:
         return False
     span = interval(e, ranges)
     return span is not None and 0 <= span[0] and span[1] < n
+
+
+def hoist(shared: list[Bin], loads: list[Load]) -> tuple[list[Let], dict[Expr, Local]]:
+    """(the Lets that compute the `shared` indices into `ix<k>` and read the `loads` into `h<k>`
+    (`loads_to_hoist`'s choice), each reading the locals before it (`ix1 = ix0 + 1`); what each
+    local replaces, for `reading`)."""
+    env: dict[Expr, Local] = {}
+    lets = []
+    for name, e in [(f"ix{k}", i) for k, i in enumerate(shared)] + [(f"h{k}", n) for k, n in enumerate(loads)]:
+        value = substituted(e, env)
+        lets.append(Let(Hoisted(name, e.dtype, e) if isinstance(e, Load) else Local(name, INDEX_DTYPE), value))
+        env[e] = lets[-1].var
+    return lets, env
+
+
+def hoist_loads(s: Stmt, gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
+                written: str) -> Stmt:
+    """`s`, an iteration of `gathers` over `ranges` writing buffer `written`, with the loads that
+    `loads_to_hoist` chooses read once at its top, and the indices they share computed once."""
+    lets, env = hoist(*loads_to_hoist(gathers, ranges, shapes, written))
+    return block(*lets, reading(s, env))
+
+
+def reading(s: Stmt, env: dict[Expr, Expr]) -> Stmt:
+    """`s` with each expression of `env` (loads, indices, variables) replaced by its value, the
+    outermost first: a hoisted load is read from its local whole, not at a hoisted index."""
+    return map_exprs(s, lambda e: substituted(e, env)) if env else s
+
+
+_KEYS = (Load, Bin, Var)
+
+
+def substituted(e: Expr, env: dict[Expr, Expr]) -> Expr:
+    """`e` with its outermost subexpressions that are keys of `env` replaced (a row a lane fold
+    reads keeps its first load, whose indices are replaced)."""
+    if type(e) in _KEYS and e in env:  # (a lookup hashes a whole subtree: only where a key may be)
+        return env[e]
+    if isinstance(e, Row):
+        return Row(map_children(e.first, lambda c: substituted(c, env)))
+    return map_children(e, lambda c: substituted(c, env)) if isinstance(e, Expr) else e

@@ -2,6 +2,8 @@
 over a ring of rows, and the ring's size. runtime/gathers.py prints the two passes."""
 from __future__ import annotations
 
+from halide_ad import config
+
 MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's ring of rows: its rows stay in cache
 
 
@@ -16,7 +18,9 @@ def separable_window(split, shape: tuple[int, ...], first: int, par: int | None)
     """Whether the box's last two dimensions (i, j) run as the split's separable window's two
     passes: it has one, the box's loops start at or before i (`first`), neither i nor j is the
     parallel dimension `par` (each thread would need a ring of its own), and the ring of rows
-    fits MAX_SEPARABLE_TEMP."""
+    fits MAX_SEPARABLE_TEMP; not where HALIDE_AD_SKIP names separable_window."""
+    if config.skipped("separable_window"):
+        return False
     i, j = len(shape) - 2, len(shape) - 1
     return (split.separable is not None and first <= i and par not in (i, j)
             and ring_rows(split) * shape[j] <= MAX_SEPARABLE_TEMP)

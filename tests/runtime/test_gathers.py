@@ -1,15 +1,18 @@
 """The gradient's gather loop nests built as loop-nest data (runtime/gathers.py): the weighted
-sums of a region's constant taps, as expressions that print flat; an adjoint run a row at a time."""
+sums of a region's constant taps, as expressions that print flat; an adjoint run a row at a time;
+a point's guarded reductions lifted before it."""
 import pytest
 
-from halide_ad.ir import Adjoint, Bin, Const, Load, Op, Range, Scatter, Var
+from halide_ad.ir import Adjoint, Bin, Const, Load, Op, Range, Reduce, Scatter, Var
 from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.gathers import product, row_gathers, weighted_sums
-from halide_ad.runtime.loops import Accumulate, Allocate, Block, Chain, Element, For, Kind, Store, loops, show, walk
+from halide_ad.runtime.gathers import lift_reductions, product, row_gathers, weighted_sums
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Element, For, If, Kind, Local, Store, loops, show,
+                                     walk)
 from halide_ad.runtime.plans import AdjointPlan
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK
 from halide_ad.solver import Gather, GatherPiece
+from halide_ad.traverse import walk as walk_expr
 
 i = Var("i")
 
@@ -71,3 +74,32 @@ def test_rows_of_a_short_window_accumulate_in_the_adjoint(monkeypatch):
         s.kind is Kind.SERIAL for s in loops(nest))
     (add,) = [s for s in walk(nest) if isinstance(s, Accumulate)]
     assert add.target == Load("adj_g", (Var("j"),), "float64")
+
+
+def test_a_guarded_pieces_reductions_are_lifted_before_the_point_in_print_order():
+    """The loops of each reduction inside a point's guarded pieces come out as statements of their
+    own, the pieces reading a local instead, outside the guard."""
+    r, s = Var("r"), Var("s")
+    total = Reduce("sum", Load("x", (r,), "float32"), (Range(r, 0, 3),))
+    other = Reduce("max", Load("x", (s,), "float32"), (Range(s, 0, 2),))
+    acc = Local("acc", "float32")
+    piece = If(Bin(Op.GT, i, Const(0, "int64")),
+               Block((Accumulate(acc, Bin(Op.ADD, total, other), augmented=True),)))
+    names = iter(["red1", "red2"])
+    lifted, rest = lift_reductions(piece, lambda base: next(names))
+    assert not any(isinstance(n, Reduce) for s_ in walk(rest) for n in _expressions(s_))
+    (add,) = [n for n in walk(rest) if isinstance(n, Accumulate)]
+    assert add.value == Bin(Op.ADD, Local("red1", "float32"), Local("red2", "float32"))
+    assert [loops(n)[0].var for n in lifted] == [r, s]  # the sum's loop first, as printed
+    assert not any(isinstance(n, If) for n in lifted for n in walk(n))
+    unchanged = Block((Accumulate(acc, _x(0), augmented=True),))
+    assert lift_reductions(unchanged, lambda base: "unused") == ([], unchanged)
+
+
+def _expressions(s):
+    match s:
+        case Accumulate(target, value):
+            return [n for e in (target, value) for n in walk_expr(e)]
+        case If(cond):
+            return list(walk_expr(cond))
+    return []

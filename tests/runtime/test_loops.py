@@ -1,4 +1,4 @@
-"""The loop-nest IR (runtime/loops.py), the writer that builds it and the emitter that prints it
+"""The loop-nest IR (runtime/loops.py) and the emitter that prints it
 (runtime/emit.py): parallel loops outlined from nests, every loop kind, and a kernel namespace that
 no user name can break."""
 import numpy as np
@@ -15,7 +15,6 @@ from halide_ad.runtime.parallel import parallel_for
 from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
 from halide_ad.runtime.schedule.parallel import choose_parallel
 from halide_ad.runtime.schedule.rows import interchange_rows
-from halide_ad.runtime.writer import Writer
 
 i, j = Var("i"), Var("j")
 
@@ -73,19 +72,19 @@ def test_reversed_and_unrolled_loops_run_their_iterations_in_order():
     np.testing.assert_array_equal(out, [0, 1, 1, 1, 0])
 
 
-def test_writer_builds_loops_and_nests_lines_under_them():
-    w = Writer()
-    w.line("# a comment")
-    w.loop("i", 0, 3, Kind.PARALLEL)
-    w.line("if i > 0:")
-    w.depth += 1
-    w.line("pass")
-    w.depth -= 2
-    w.line("done = 1")
-    tree = w.tree()
-    assert [type(s) for s in tree.body] == [Source, For, Source]
-    loop = tree.body[1]
-    assert loop.kind is Kind.PARALLEL and loop.body == Block((Source("if i > 0:", Block((Source("pass"),))),))
+def test_literals_are_numbered_in_the_order_the_kernel_prints_them():
+    """A literal met first where it is resolved but printed later gets the later number: the
+    numbering follows the text, whatever order the statements were resolved in."""
+    em = Emitter({"out": (2,)})
+    one = Const(1.0, "float32")
+    assert em.expr(one) == "f32_0"  # resolved first, printed second below
+    body = block(Store("out", (Const(0, "int64"),), Const(0.5, "float32")), Store("out", (Const(1, "int64"),), one))
+    source = emit.function(em, "run", body)
+    assert source.startswith("f32_0 = np.float32(0.5)\nf32_1 = np.float32(1.0)\n")
+    assert "out[0] = f32_0" in source and "out[1] = f32_1" in source
+    out = np.zeros(2, np.float32)
+    _run(source, "run", out, np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, [0.5, 1.0])
 
 
 # Parameters named like the names generated code uses for itself: the emitter renames them.

@@ -1,21 +1,19 @@
 """The schedule decisions that the gather loop nests follow (runtime/schedule/), on IR data: which
 loads an iteration hoists, which corners run from tables, when an adjoint runs a row at a time or
 in column blocks, when a separable window runs as two passes, how a long sum splits into parts,
-when a pointwise definition runs in phases or around a box; and choose_parallel on a nest the gathers wrote."""
+when a pointwise definition runs in phases or around a box."""
 from __future__ import annotations
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Select, Var
-from halide_ad.runtime.loops import Kind, Source, loops
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
-from halide_ad.runtime.schedule.hoist import hoist_loads
+from halide_ad.runtime.schedule.hoist import loads_to_hoist
 from halide_ad.runtime.schedule.boundary import box_ranges
-from halide_ad.runtime.schedule.parallel import choose_parallel, region_parallel
+from halide_ad.runtime.schedule.parallel import region_parallel
 from halide_ad.runtime.schedule.phases import pointwise_split
 from halide_ad.runtime.schedule.rfactor import MAX_PARTS, split_reduction
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK, COLUMN_BLOCKS, column_blocks, gathers_by_rows, taps_by_rows
 from halide_ad.runtime.schedule.separable import MAX_SEPARABLE_TEMP, ring_rows, separable_window
-from halide_ad.runtime.writer import Writer
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.traverse import walk
 
@@ -45,16 +43,16 @@ def _x(*index, buffer="x"):
     return Load(buffer, tuple(index), "float32")
 
 
-def test_hoist_loads_takes_the_loads_in_range_of_every_iteration_and_their_shared_indices():
+def test_loads_to_hoist_takes_the_loads_in_range_of_every_iteration_and_their_shared_indices():
     shapes = {"x": (10,), "y": (10,), "adj_x": (10,)}
     window = _piece(_times(_x(r), _x(j)), loops=[Range(r, 0, 3)])
     plain = _piece(_times(_x(_plus(j, 1)), _x(_plus(j, 1), buffer="y"), _x(j, buffer="adj_x")))
-    shared, loads = hoist_loads([_gather(window, plain)], {j: (0, 8)}, shapes, "adj_x")
+    shared, loads = loads_to_hoist([_gather(window, plain)], {j: (0, 8)}, shapes, "adj_x")
     # x[r] moves with the window, adj_x is the buffer written; j + 1 is read twice
     assert sorted(map(repr, loads)) == sorted(map(repr, [_x(j), _x(_plus(j, 1)), _x(_plus(j, 1), buffer="y")]))
     assert shared == [_plus(j, 1)]
     # at j = 9, x[j + 1] would read past the end: only x[j] is safe to read unguarded
-    shared, loads = hoist_loads([_gather(window, plain)], {j: (0, 9)}, shapes, "adj_x")
+    shared, loads = loads_to_hoist([_gather(window, plain)], {j: (0, 9)}, shapes, "adj_x")
     assert loads == [_x(j)] and shared == []
 
 
@@ -139,6 +137,22 @@ def test_a_separable_window_runs_as_two_passes_outside_the_parallel_plane():
     assert not separable_window(Split(box={}, inside=[]), (8, 64, 64), first=1, par=0)
 
 
+def test_the_optional_split_decisions_each_have_a_skip(monkeypatch):
+    """HALIDE_AD_SKIP names each optional decision of a split gather nest: no box, no separable
+    window, no tabled corners (the nests stay correct, only slower)."""
+    three = ((-1, 0.25), (0, 0.5), (1, 0.25))
+    separable = Split(box={i: (1, 62), j: (1, 62)}, inside=[], separable=Separable(_x(n, i, j), 1, 1, three, three))
+    corners = [({i: (0, 0), j: (0, 0)}, [_corner(0)]), ({i: (0, 0), j: (9, 9)}, [_corner(1)])]
+    half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
+    up = Func("up", (i, j), (4, 16), Load("x", (i, half), "float32"), "float32")
+    assert separable_window(separable, (8, 64, 64), first=1, par=0) and tabled_points(corners, (i, j), {})
+    assert pointwise_split(up) is not None
+    monkeypatch.setenv("HALIDE_AD_SKIP", "separable_window,tabled_points,interior")
+    assert not separable_window(separable, (8, 64, 64), first=1, par=0)
+    assert tabled_points(corners, (i, j), {}) == []
+    assert pointwise_split(up) is None
+
+
 def test_split_reduction_sums_a_long_loss_in_parts(monkeypatch):
     monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "1024")
     loss = Func("loss", (), (), Reduce("sum", _x(r), (Range(r, 0, 4096),)), "float32")
@@ -180,23 +194,6 @@ def test_a_sum_of_selects_on_its_variables_runs_around_a_box_with_each_test_deci
     assert [p.value for g in edge for p in g.pieces] == [_x(i, Const(0, INDEX_DTYPE))]  # the select fails at j = 0
     data = Select(Bin(Op.GT, _x(i, j), Const(0.0, "float32")), _x(i, j), Const(0.0, "float32"))
     assert pointwise_split(Func("relu", (i, j), (4, 16), Bin(Op.ADD, _x(i, j), data), "float32")) is None
-
-
-def test_a_nest_written_as_lines_gets_its_parallel_loop_from_choose_parallel(monkeypatch):
-    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "64")
-    w = Writer()
-    w.line("# before")
-    start = len(w.ops)
-    w.loop("n", 0, 1)
-    w.loop("c", 0, 8)
-    w.loop("i", 0, 16)
-    w.line("acc = x[n, c, i]")
-    w.line("out[n, c, i] = acc")
-    w.depth = 0
-    w.rewrite(start, lambda nest: choose_parallel(nest.body[0]))
-    tree = w.tree()
-    assert [loop.kind for loop in loops(tree)] == [Kind.SERIAL, Kind.PARALLEL, Kind.SERIAL]  # c: the first longer than 1
-    assert isinstance(tree.body[0], Source) and tree.body[0].text == "# before"
 
 
 def test_thin_regions_run_serially_and_the_box_ranges_name_the_phase_variables(monkeypatch):

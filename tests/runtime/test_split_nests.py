@@ -1,0 +1,160 @@
+"""A gather loop nest built whole as loop-nest data (runtime/gathers.py `split_loop_nest`) and the
+hoisting pass over an iteration's statements (runtime/schedule/hoist.py), tested on the nodes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import halide_ad as hd
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Select, Var
+from halide_ad.runtime import emit
+from halide_ad.runtime.emit import Emitter
+from halide_ad.runtime.gathers import split_loop_nest
+from halide_ad.runtime.loops import Block, For, Hoisted, If, Kind, Let, Local, Row, Source, Store, block, loops, walk
+from halide_ad.runtime.schedule.hoist import hoist, reading, substituted
+from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
+from halide_ad.traverse import walk as walk_expr
+
+i, j, n = Var("i"), Var("j"), Var("n")
+
+
+def _plus(e, k: int):
+    return Bin(Op.ADD, e, Const(k, INDEX_DTYPE))
+
+
+def _x(*index):
+    return Load("x", tuple(index), "float32")
+
+
+def _store_sum(f: Func):
+    """The `body` a pointwise split runs: f[at] = the sum of the gathers' pieces."""
+    def body(gs, at=None, terms=(), terms_dtype=None):
+        values = [p.value for g in gs for p in g.pieces]
+        index = tuple((at or {}).get(v, v) for v in f.vars)
+        total = values[0] if values else Const(0.0, f.dtype)
+        for v in values[1:]:
+            total = Bin(Op.ADD, total, v)
+        return Store(f.name, index, total)
+    return body
+
+
+def _exprs(s):
+    match s:
+        case Store(_, index, value):
+            return [*index, value]
+        case Let(var, value):
+            return [var, value]
+    return []
+
+
+def test_hoist_reads_each_load_once_and_the_shared_index_once():
+    shared = _plus(j, 1)
+    loads = [_x(i, shared), _x(shared, i)]
+    lets, env = hoist([shared, _plus(shared, 2)], loads)
+    ix, ix1, h0, h1 = (let.var for let in lets)
+    assert [let.var.name for let in lets] == ["ix0", "ix1", "h0", "h1"] and lets[0].value == shared
+    assert lets[1].value == _plus(ix, 2)  # an index reads the one before it
+    assert lets[2].value == _x(i, ix) and lets[3].value == _x(ix, i)  # the loads read the shared index
+    body = Store("out", (i, shared), Bin(Op.MUL, _x(i, shared), _x(shared, i)))
+    out = reading(body, env)
+    assert out == Store("out", (i, ix), Bin(Op.MUL, h0, h1))  # whole loads first, then indices
+    assert reading(body, {}) is body
+    # a lane fold's row keeps its first load, its indices read
+    assert substituted(Row(_x(i, shared)), env) == Row(_x(i, ix))
+
+
+def test_a_split_nest_is_one_tree_its_box_unguarded_its_regions_hoisted(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    # x[i, j] + (x[i, j - 1] where j >= 1): a box over j in 1..14 and the edge at j = 0
+    left = Select(Bin(Op.GE, _plus(j, -1), Const(0, INDEX_DTYPE)), _x(i, _plus(j, -1)), Const(0.0, "float32"))
+    f = Func("d", (i, j), (4, 16), Bin(Op.ADD, _x(i, j), left), "float32")
+    split = pointwise_split(f)
+    em = Emitter({"x": (4, 16), "d": (4, 16)})
+    nest = split_loop_nest(em, f.vars, f.shape, split, _store_sum(f), [as_gather(f)], f.name)
+    assert not any(isinstance(s, (If, Source)) for s in walk(nest))  # every test decided
+    assert not any(isinstance(e, Select) for s in walk(nest) for x in _exprs(s) for e in walk_expr(x))
+    stores = [s for s in walk(nest) if isinstance(s, Store)]
+    assert len(stores) == len(split.outside) + 1  # one per region, one for the box
+    (outer,) = [s for s in nest.body if isinstance(s, For)] if isinstance(nest, Block) else [nest]
+    assert outer.var == "i" and outer.kind is Kind.PARALLEL
+    # a region's loads are read once at the top of its iteration, the store reads the locals
+    lets = [s for s in walk(nest) if isinstance(s, Let) and isinstance(s.var, Local)]
+    assert lets and all(s.var.name.startswith(("h", "ix")) for s in lets)
+    source = emit.function(em, "run", block(nest))
+    x = np.arange(64, dtype=np.float32).reshape(4, 16)
+    out = np.zeros((4, 16), np.float32)
+    namespace = {"np": np, "kernel": lambda fn: fn, "nonneg": lambda k: k,
+                 "parallel_for": lambda fn, lo, hi, *args, iteration: fn(lo, hi, *args)}
+    exec(source, namespace)
+    namespace["run"](*[{"x": x, "d": out}[b] for b in em.used], np.zeros(3, np.int64))
+    expected = x.copy()
+    expected[:, 1:] += x[:, :-1]
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_a_phased_nest_hoists_the_loads_its_phases_share(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    # up[i, j] = x[i, j // 2] + x[i, (j + 1) // 2]: phases j = 2q + p
+    half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
+    up = Func("up", (i, j), (4, 16), Bin(Op.ADD, Load("x", (i, half), "float32"),
+                                         Load("x", (i, Bin(Op.FLOORDIV, _plus(j, 1), Const(2, INDEX_DTYPE))),
+                                              "float32")), "float32")
+    split = pointwise_split(up)
+    em = Emitter({"x": (4, 9), "up": (4, 16)})
+    nest = split_loop_nest(em, up.vars, up.shape, split, _store_sum(up), [as_gather(up)], up.name)
+    (phase_loop,) = [loop for loop in loops(nest) if loop.var == em.name(split.phase_vars[0])]
+    hoisted = [s for s in phase_loop.body.body if isinstance(s, Let)]
+    assert hoisted and all(s.var.name.startswith(("h", "ix")) for s in hoisted)
+    stores = [s for s in walk(phase_loop) if isinstance(s, Store)]
+    assert len(stores) == 2  # one per phase, each reading only the hoisted locals
+    assert all(isinstance(s.value.lhs, Hoisted) and isinstance(s.value.rhs, Hoisted) for s in stores)
+
+
+def test_hoist_loads_is_a_pass_that_a_skip_leaves_out_and_a_dump_prints(monkeypatch, capsys):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    left = Select(Bin(Op.GE, _plus(j, -1), Const(0, INDEX_DTYPE)), _x(i, _plus(j, -1)), Const(0.0, "float32"))
+    f = Func("d", (i, j), (4, 16), Bin(Op.ADD, _x(i, j), left), "float32")
+    split = pointwise_split(f)
+
+    def built():
+        em = Emitter({"x": (4, 16), "d": (4, 16)})
+        return split_loop_nest(em, f.vars, f.shape, split, _store_sum(f), [as_gather(f)], f.name)
+
+    monkeypatch.setenv("HALIDE_AD_DUMP", "hoist_loads")
+    hoisted = built()
+    assert "# after hoist_loads\n" in capsys.readouterr().out
+    monkeypatch.setenv("HALIDE_AD_SKIP", "hoist_loads")
+    plain = built()
+    assert "# after hoist_loads (skipped)" in capsys.readouterr().out
+    assert any(isinstance(s, Let) and isinstance(s.var, Local) for s in walk(hoisted))
+    assert not any(isinstance(s, Let) and isinstance(s.var, Local) for s in walk(plain))
+    assert reading(plain, {}) == plain and len(loops(plain)) == len(loops(hoisted))
+
+
+def _blur(img):
+    c = hd.repeat_edge(img)
+    r, s = hd.rdom(3, 3)
+    return hd.compute(img.shape, lambda y, x: hd.sum(c[y + r - 1, x + s - 1]) * 0.25, name="blur")
+
+
+@pytest.mark.parametrize("skip, gone", [("tabled_points", "for point in range"),
+                                         ("interior,hoist_loads", "h0 = ")])
+def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(monkeypatch, skip, gone):
+    img = np.arange(6 * 7, dtype=np.float64).reshape(6, 7) % 5
+    ct = np.cos(np.arange(6 * 7, dtype=np.float64)).reshape(6, 7)
+    assert gone in hd.explain(hd.func(_blur), img).backward_source
+    expected = hd.vjp(hd.func(_blur), img)[1](ct)
+    monkeypatch.setenv("HALIDE_AD_SKIP", skip)
+    assert gone not in hd.explain(hd.func(_blur), img).backward_source
+    np.testing.assert_allclose(hd.vjp(hd.func(_blur), img)[1](ct), expected, rtol=1e-12)
+
+
+def test_an_index_that_reads_a_hoisted_load_is_still_checked_at_run_time():
+    """A data-dependent index reads data whether the load it reads is hoisted or not: the kernel
+    checks it as it would the load."""
+    idx = Load("idx", (i,), "int64")
+    lets, env = hoist([], [idx])
+    store = reading(Store("out", (i,), Load("x", (idx,), "float32")), env)
+    assert store.value.index == (lets[0].var,)  # the load reads the local
+    source = "\n".join(emit.render(block(*lets, store), Emitter({"idx": (4,), "x": (5,), "out": (4,)})))
+    assert "x[nonneg(checked(h0, 5, status, 0))]" in source
