@@ -29,7 +29,6 @@ exits, so that the next process finds the kernels on disk.
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,12 +37,11 @@ import numpy as np
 
 from halide_ad import config
 from halide_ad.ad import reverse_mode
-from halide_ad.ir import Load, Program, Reduce, Update
-from halide_ad.runtime import reference
+from halide_ad.ir import Load, Program
+from halide_ad.runtime import reference, vectorized, vectorized_cost
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import walk
 
-PYTHON_STEP = 1000  # element operations that one Python-level step of the interpreter costs, about
 INTERPRETED = "\0interpreted"  # a key of the interpreter's buffers (later, the kernels' buffers: api.Traced)
 
 
@@ -51,31 +49,22 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     """Whether the interpreter may run this program (and its gradient by `wrt`) on a first call."""
     if not config.tiered_enabled():
         return False
-    work = 0
     for f in program.funcs:
-        points = math.prod(f.shape)
-        if isinstance(f, Update):  # the interpreter steps through the rdom in Python, forward and back
-            points += 2 * math.prod(r.extent for r in f.rdom) * (PYTHON_STEP + math.prod(r.extent for r in f.pure))
-        elif isinstance(f.body, Reduce):
-            points *= math.prod(r.extent for r in f.body.rvars)
-        work += points
         if any(isinstance(n, Load) and any(map(checked_at_run_time, n.index)) for n in walk(f.body)):
             return False
-    if wrt:
-        for adjoint in reverse_mode(program, wrt):
-            work += sum(math.prod(r.extent for r in s.domain) for s in adjoint.scatters)
-    return work <= config.interpret_max()
+    return vectorized_cost.work(program, reverse_mode(program, wrt) if wrt else []) <= config.interpret_max()
 
 
 def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inputs and every Func's buffer (argindex buffers included), computed by numpy."""
-    return dict(inputs) | reference.evaluate(program, inputs) | {INTERPRETED: True}
+    return dict(inputs) | reference.evaluate(program, inputs, func=vectorized.func) | {INTERPRETED: True}
 
 
 def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
              cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """{name: gradient} for `wrt`, from `forward`'s buffers, by running reverse mode's scatters."""
-    return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents)
+    return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents,
+                                      scatter=vectorized.scatter)
 
 
 _executor: ThreadPoolExecutor | None = None
