@@ -1,24 +1,26 @@
-"""Tiered execution: a small program's first calls run on the numpy interpreter while numba
-compiles its kernels on a background thread; calls switch to the kernels once they are built.
+"""Tiered execution: a program's first calls run on the numpy interpreter while numba compiles
+its kernels on a background thread; calls switch to the kernels once they are built.
 
 numba takes 1-15 s to compile a layer's kernels (its gradient's boundary-split gathers most of
-that), which a user meets on every new program and every new shape. The interpreter
-(`runtime/reference.py`, the executable spec the kernels are tested against) starts at once and,
-for a program of a few million element operations or fewer, runs in milliseconds: the first
-forward and backward of a small conv-relu-pool layer took 16.8 s and now take well under one.
+that), which a user meets on every new program and every new shape. The interpreter starts at
+once: `runtime/vectorized.py` runs Funcs and scatters at numpy's speed (a convolution's sums on
+BLAS, a window's taps as strided views), `runtime/reference.py` (the executable spec the kernels
+are tested against) runs updates. The first forward and backward of a small conv-relu-pool layer
+took 16.8 s and now take well under one.
 
 What runs on the interpreter tier:
 * only programs whose every read is proved in range at trace time (the interpreter clips a
-  data-dependent index where the kernels raise BoundsError), and whose work per call, counted
-  as element operations of the Funcs and of the gradient's scatters, is at most
-  HALIDE_AD_INTERPRET_MAX (default 2**22);
+  data-dependent index where the kernels raise BoundsError), and whose work per call, in
+  element operations as `runtime/vectorized_cost.py` estimates them from the interpreter's
+  plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**32, a few seconds of numpy: beyond
+  it, compiling first costs less);
 * only while a kernel is neither compiled in this process nor in the on-disk cache: a second
   process loads machine code and runs compiled from its first call;
 * the forward and backward of one call on the same tier: a gradient never mixes the
   interpreter's forward buffers with a kernel's.
 
-The two tiers agree to rounding, not bit for bit: the interpreter sums float32 in numpy's order
-and precision where the kernels accumulate long sums in float64, and calls numpy's exp and tanh
+The two tiers agree to rounding, not bit for bit: the interpreter sums float32 in numpy's and
+BLAS's order and precision where the kernels accumulate long sums in float64, and calls numpy's exp and tanh
 where float32 kernels call `runtime/vmath.py`'s (within 3 ulp). tests/api/test_tiers.py holds
 them to 1e-5 relative in float32 and 1e-12 in float64. HALIDE_AD_TIERED=0 turns the
 interpreter tier off: every call waits for its kernels, as a run that must repeat bits from its

@@ -66,10 +66,19 @@ class Env:
     fixed: dict[Var, int]   # the variables a Python loop holds at one value
     buffers: dict[str, np.ndarray]
     padded: dict = field(default_factory=dict)  # buffer name -> (pad per axis, its edge-padded copy)
+    invariant: frozenset = frozenset()  # ids of the nodes that no loop variable reaches ...
+    memo: dict = field(default_factory=dict)  # ... and their values, computed at the first loop point
 
     def at(self, point: dict[Var, int]) -> Env:
         return Env({v: a for v, a in self.axes.items() if v not in point}, self.fixed | point, self.buffers,
-                   self.padded)
+                   self.padded, self.invariant, self.memo)
+
+    def looping(self, exprs, looped) -> Env:
+        """This Env, remembering the values of the nodes of `exprs` that the `looped` variables
+        do not reach (a window's adjoint divided by 9 once, not at each of its 9 taps)."""
+        invariant = frozenset(id(n) for e in exprs if e is not None for n in walk(e)
+                              if isinstance(n, (Load, Bin, Call, Select, Cast)) and not free_vars(n) & looped)
+        return Env(self.axes, self.fixed, self.buffers, self.padded, invariant, {})
 
     def pad(self, name: str, need: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
         """(pads, buffer `name` with `pads[d]` edge copies on both sides of axis d), pads >= need:
@@ -104,6 +113,15 @@ def _apply(fn, values: list[Value], env: Env) -> Value:
 
 def _eval(e: Expr, env: Env) -> Value:
     """The value of `e` over env's axes, as reference._eval computes it at each point."""
+    if id(e) in env.invariant:
+        value = env.memo.get(id(e))
+        if value is None:
+            value = env.memo[id(e)] = _compute(e, env)
+        return value
+    return _compute(e, env)
+
+
+def _compute(e: Expr, env: Env) -> Value:
     dtype = dtype_of(e)
     match e:
         case Const(value, _):
@@ -343,6 +361,7 @@ def _reduce(r: Reduce, env: Env) -> tuple[Value, Value | None]:
     if r.op in ("sum", "prod"):
         summed = tuple(v.var for v in r.rvars if v not in loop)
         total = None
+        inner = inner.looping((r.body, r.where), {v.var for v in loop})
         for point in _points(loop):
             part = _summed(r.body, r.where, inner.at(point), summed, dtype, r.op)
             total = part if total is None else _apply(np.add if r.op == "sum" else np.multiply, [total, part], env)
@@ -410,6 +429,7 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
     better = np.greater if r.op in ("max", "argmax") else np.less
     best = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
     arg = Value(np.asarray(-1, np.int64), ())
+    inner = inner.looping((r.body, r.where), {v.var for v in r.rvars})
     for position, point in enumerate(_points(list(r.rvars))):
         at = inner.at(point)
         value = _eval(r.body, at)
@@ -443,8 +463,9 @@ def scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None
     padded: dict = {}
 
     def piece(axes: dict[Var, Axis]) -> None:
+        env = Env(axes, {}, buffers, padded).looping((s.value, s.where, *s.index), looped)
         for point in _points(loop):
-            _scatter_at(s, adj, Env(axes, {}, buffers, padded).at(point))
+            _scatter_at(s, adj, env.at(point))
 
     phases = _phases((s.value, s.where, *s.index), {r.var for r in free})
     pieces = [c for axes in _split(tuple(free), phases) for c in _chunks(axes, along, set().union(*named))]
