@@ -160,8 +160,9 @@ class Traced:
             copies = self._inputs(arrays)
             return lambda: self.forward_run(key)(copies)
 
-        if self._interpreting(key, warming):
-            return tiered.forward(self.program, arrays)
+        with tiered.interpreting():
+            if self._interpreting(key, warming):
+                return tiered.forward(self.program, arrays)
         return self.forward_run(key)(arrays)
 
     def gradient_of(self, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
@@ -178,9 +179,10 @@ class Traced:
             seeds = {k: np.array(v) for k, v in cotangents.items()}
             return lambda: self.backward(wrt)(self.forward_run(FORWARD)(inputs), seeds)
 
-        if self._interpreting(wrt, warming):
-            forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
-            return tiered.backward(self.program, wrt, forward, cotangents)
+        with tiered.interpreting():
+            if self._interpreting(wrt, warming):
+                forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
+                return tiered.backward(self.program, wrt, forward, cotangents)
         if interpreted:  # the interpreter ran the forward, and the kernels are ready now
             buffers = self._kernel_buffers(buffers)
         return self.backward(wrt)(buffers, cotangents)

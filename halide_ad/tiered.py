@@ -31,8 +31,11 @@ exits, so that the next process finds the kernels on disk.
 """
 from __future__ import annotations
 
+import math
 import os
+import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -69,17 +72,75 @@ def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarr
                                       scatter=vectorized.scatter)
 
 
+SWITCH_S = 2e-4  # the GIL's switch interval while the interpreter runs (Python's default: 5 ms)
+_switch_lock = threading.Lock()
+_quiet = threading.Condition(_switch_lock)
+_switch_users = 0  # interpreter calls running now
+_switch_before = 0.0
+_interpreted_until = 0.0  # when the last interpreter call ended (or, while one runs, the future)
+
+
+class interpreting:
+    """Around a call that may run the interpreter (from the choice of tier, the copies for its
+    compile and the interpreter's run): compiles wait for it (`_when_quiet`), and the GIL's
+    switch interval is short. The interpreter calls numpy hundreds of times a pass, each giving
+    up the GIL, which a compiling thread then holds for up to the interval: 5 ms a call, seconds
+    a pass. The last such call out restores the interval."""
+
+    def __enter__(self) -> None:
+        global _switch_users, _switch_before, _interpreted_until
+        with _switch_lock:
+            if _switch_users == 0:
+                _switch_before = sys.getswitchinterval()
+                sys.setswitchinterval(min(SWITCH_S, _switch_before))
+            _switch_users += 1
+            _interpreted_until = math.inf
+
+    def __exit__(self, *exc) -> None:
+        global _switch_users, _interpreted_until
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_before)
+                _interpreted_until = time.monotonic()
+                _quiet.notify_all()
+
+
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 
 
 def in_background(job) -> Future:
-    """Run `job()` on the one compiling thread (numba compiles one function at a time anyway)."""
-    global _executor
+    """Run `job()` on the one compiling thread (numba compiles one function at a time anyway),
+    once the interpreter is quiet (`_when_quiet`)."""
+    global _executor, _interpreted_until
+    asked = time.monotonic()
+    with _switch_lock:  # (the interpreter call that asks for it starts right after)
+        _interpreted_until = max(_interpreted_until, asked)
     with _executor_lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(1, thread_name_prefix="halide_ad-compile")
-        return _executor.submit(job)
+        return _executor.submit(lambda: _when_quiet(asked) or job())
+
+
+QUIET_S = 0.5  # a compile starts once no interpreter call has run for this long ...
+DEFER_MAX_S = 10.0  # ... or this long after it was asked for, whichever comes first
+
+
+def _when_quiet(asked: float) -> None:
+    """Wait until no interpreter call has run for QUIET_S, at most until DEFER_MAX_S after
+    `asked`. A compile holds the GIL for most of its seconds and a core of two: run beside the
+    interpreter, it slowed a first forward and backward that take 1 s of CPU time to 18 s (a
+    nearest upsample of (16, 64, 128, 128), load 14; 3.4 s without it). A user's first calls,
+    one after another, then run alone, and a loop of calls with no pause gets its kernels after
+    DEFER_MAX_S and the compile."""
+    with _switch_lock:
+        while True:
+            now = time.monotonic()
+            wait = min(asked + DEFER_MAX_S, _interpreted_until + QUIET_S) - now
+            if wait <= 0 or (_switch_users == 0 and now - _interpreted_until >= QUIET_S):
+                return
+            _quiet.wait(wait)
 
 
 def settle() -> None:
@@ -98,4 +159,4 @@ if hasattr(os, "register_at_fork"):  # a forked child has no compiling thread
     os.register_at_fork(after_in_child=_forget_executor)
 
 
-__all__ = ["INTERPRETED", "backward", "forward", "in_background", "interpretable", "settle"]
+__all__ = ["INTERPRETED", "backward", "forward", "in_background", "interpretable", "interpreting", "settle"]

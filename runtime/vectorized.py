@@ -426,17 +426,23 @@ def _extremum_whole(r: Reduce, inner: Env, dtype: str) -> tuple[Value, Value]:
 def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, Value]:
     """max/min/argmax/argmin one reduction point at a time, in reduction order: a point replaces
     the best so far where it is the first unmasked one, strictly better, or the first NaN."""
-    better = np.greater if r.op in ("max", "argmax") else np.less
+    high = r.op in ("max", "argmax")
     best = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
     arg = Value(np.asarray(-1, np.int64), ())
     inner = inner.looping((r.body, r.where), {v.var for v in r.rvars})
     for position, point in enumerate(_points(list(r.rvars))):
         at = inner.at(point)
         value = _eval(r.body, at)
+        if r.where is None and position == 0:  # every point is unmasked: the first one is the best so far
+            best, arg = Value(value.array.astype(dtype, copy=False), value.axes), Value(np.zeros((), np.int64), ())
+            continue
         mask = _eval(r.where, at) if r.where is not None else Value(np.ones((), bool), ())
         axes = _union(env, [best, arg, value, mask])
         b, a, v, m = (_expand(x, axes) for x in (best, arg, value, mask))
-        take = m & ((a < 0) | better(v, b) | (np.isnan(v) & ~np.isnan(b)))
+        # not (v <= b) holds where v > b and where either is NaN: a NaN replaces a number, never a NaN
+        take = ~((np.less_equal if high else np.greater_equal)(v, b) | np.isnan(b))
+        if r.where is not None:
+            take = m & (take | (a < 0))
         best = Value(np.where(take, v, b).astype(dtype, copy=False), axes)
         arg = Value(np.where(take, position, a), axes)
     return (arg if r.op.startswith("arg") else best), arg

@@ -154,8 +154,11 @@ def test_the_cost_model_counts_what_numpy_does():
 
 
 def test_the_benchmark_kernels_run_their_first_calls_on_the_interpreter():
-    """The default cap takes every kernel case of `python -m benchmarks` at its benchmark shapes:
-    their compiles take seconds."""
+    """At the default cap every kernel case of `python -m benchmarks` runs its first forward on
+    the interpreter, and every first gradient but the bilinear resize's, whose 2e9 element
+    operations take longer on numpy than its compile."""
     from benchmarks.cases import CASES
     for case in CASES:
-        assert _work(case.halide_ad, *case.input_shapes(small=False)) <= config.INTERPRET_MAX, case.name
+        shapes = case.input_shapes(small=False)
+        assert _work(case.halide_ad, *shapes, grad=False) <= config.INTERPRET_MAX, case.name
+        assert (_work(case.halide_ad, *shapes) <= config.INTERPRET_MAX) == (case.name != "bilinear"), case.name
