@@ -463,7 +463,7 @@ def scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None
             or sum(map(len, named)) > len(set().union(*named)):
         reference._scatter(s, adj, buffers)  # an index of two varying variables, or two indices of one
         return
-    # pieces along a variable that is a whole index of its own write disjoint elements: in parallel
+    # a phase's pieces along a variable that is a whole index of its own write disjoint elements
     own = tuple(i for i in s.index if isinstance(i, Var) and i in counts and i not in looped)
     along = own or tuple(r.var for r in free)
     padded: dict = {}
@@ -474,8 +474,8 @@ def scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None
             _scatter_at(s, adj, env.at(point))
 
     phases = _phases((s.value, s.where, *s.index), {r.var for r in free})
-    pieces = [c for axes in _split(tuple(free), phases) for c in _chunks(axes, along, set().union(*named))]
-    _each(piece, pieces, parallel=bool(own))
+    for axes in _split(tuple(free), phases):  # phases one after another: they may write the same elements
+        _each(piece, _chunks(axes, along, set().union(*named)), parallel=bool(own))
 
 
 def _scatter_at(s: Scatter, adj: np.ndarray, env: Env) -> None:

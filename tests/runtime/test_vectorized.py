@@ -77,6 +77,15 @@ def test_benchmark_cases_equal_reference_in_float32(case):
     _assert_same(c.halide_ad, c.make_inputs(small=True), rtol=2e-6)
 
 
+@pytest.mark.parametrize("case", ["blur", "conv2d_s2", "maxpool", "upsample", "bilinear", "pipeline"])
+def test_pieces_equal_reference(monkeypatch, case):
+    """Funcs and scatters cut into pieces of a few points, run on the threads."""
+    from benchmarks.cases import CASES
+    monkeypatch.setattr(vectorized, "CHUNK", 7)
+    c = {c.name: c for c in CASES}[case]
+    _assert_same(c.halide_ad, [x.astype(np.float64) for x in c.make_inputs(small=True)])
+
+
 def test_nan_and_ties_in_a_looped_max():
     """A window max runs one tap at a time (its taps share an index with the output's variable):
     the first of equal maxima and the first NaN win, as in the reference."""
