@@ -12,7 +12,7 @@ What runs on the interpreter tier:
 * only programs whose every read is proved in range at trace time (the interpreter clips a
   data-dependent index where the kernels raise BoundsError), and whose work per call, in
   element operations as `runtime/vectorized_cost.py` estimates them from the interpreter's
-  plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**30, about a second of numpy: beyond
+  plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**28, below a second of numpy: beyond
   it, compiling first costs less);
 * only while a kernel is neither compiled in this process nor in the on-disk cache: a second
   process loads machine code and runs compiled from its first call;
