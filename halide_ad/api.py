@@ -99,7 +99,10 @@ class Traced:
         built = self._forwards.get(key) if forward else self._grads.get(key)
         small = self._small.get(key)
         if small is None:  # (reverse mode runs to count a gradient's work: once per pass)
-            small = self._small[key] = tiered.interpretable(self.program, () if forward else key)
+            # a gradient's forward goes with the gradient by every float argument, which reruns it
+            # on the kernels when the gradient compiles first
+            wrt = () if key == CALL else self.float_args if key == FORWARD else key
+            small = self._small[key] = tiered.interpretable(self.program, wrt)
         if built is not None and built.kernel.compiled() or not small:
             self._compiled.add(key)
             return False
