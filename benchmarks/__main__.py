@@ -17,12 +17,14 @@ blur on a dask array, chunked, against the whole array and dask-image: `benchmar
 `hvp` (the Hessian-vector product of a clamped-stencil energy against one gradient, halide_ad,
 JAX and PyTorch: `benchmarks.hvp`) and `updates` (a histogram, a linear recurrence and a
 bilateral-grid splat, update definitions, in the everyday table, their backward's peak memory in
-the notes: `benchmarks.updates`), e.g.
+the notes: `benchmarks.updates`) and `first_calls` (each kernel case's first forward and backward on
+empty caches, a fresh process per library), e.g.
 
     python -m benchmarks --cases everyday
     python -m benchmarks --cases chunked --no-memory --repeat 3
     python -m benchmarks --cases hvp --repeat 5
     python -m benchmarks --cases tanh,softmax,dispatch --repeat 3
+    python -m benchmarks --cases first_calls --no-memory
 """
 from __future__ import annotations
 

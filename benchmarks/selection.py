@@ -12,6 +12,8 @@
   reverse and reverse over reverse, against JAX and PyTorch (issue 28, `benchmarks.hvp`).
 * `updates`: a histogram, a linear recurrence and a bilateral-grid splat, update definitions
   (issue 29, `benchmarks.updates`), in the everyday table.
+* `first_calls`: the first forward and backward of each kernel case on empty caches, a fresh
+  process per library (`benchmarks.warm_start.measure_cold`), named `first_<case>`.
 """
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ from benchmarks.updates import UPDATE_CASES, UpdateCase
 
 AnyCase = Case | CallCase | FirstCall | CheckpointCase | ChunkedCase | HvpCase | UpdateCase
 
+FIRST_CALLS = tuple(FirstCall(name=f"first_{case.name}", case=case,
+                              description=f"the first forward + backward of `{case.name}` ({case.description}), "
+                              "in a fresh process per library with empty caches")
+                    for case in CASES)
 GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "kernels": CASES,
     "everyday": (*EVERYDAY_CASES, *CALL_CASES, FIRST_CALL),
@@ -34,6 +40,7 @@ GROUPS: dict[str, tuple[AnyCase, ...]] = {
     "chunked": (CHUNKED_BLUR,),
     "hvp": (HVP,),
     "updates": UPDATE_CASES,
+    "first_calls": FIRST_CALLS,
 }
 ALL: tuple[AnyCase, ...] = tuple(case for group in GROUPS.values() for case in group)
 BY_NAME: dict[str, AnyCase] = {case.name: case for case in ALL}

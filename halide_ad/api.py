@@ -99,7 +99,10 @@ class Traced:
         built = self._forwards.get(key) if forward else self._grads.get(key)
         small = self._small.get(key)
         if small is None:  # (reverse mode runs to count a gradient's work: once per pass)
-            small = self._small[key] = tiered.interpretable(self.program, () if forward else key)
+            # a gradient's forward goes with the gradient by every float argument, which reruns it
+            # on the kernels when the gradient compiles first
+            wrt = () if key == CALL else self.float_args if key == FORWARD else key
+            small = self._small[key] = tiered.interpretable(self.program, wrt)
         if built is not None and built.kernel.compiled() or not small:
             self._compiled.add(key)
             return False
@@ -160,8 +163,9 @@ class Traced:
             copies = self._inputs(arrays)
             return lambda: self.forward_run(key)(copies)
 
-        if self._interpreting(key, warming):
-            return tiered.forward(self.program, arrays)
+        with tiered.interpreting():
+            if self._interpreting(key, warming):
+                return tiered.forward(self.program, arrays)
         return self.forward_run(key)(arrays)
 
     def gradient_of(self, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
@@ -178,9 +182,10 @@ class Traced:
             seeds = {k: np.array(v) for k, v in cotangents.items()}
             return lambda: self.backward(wrt)(self.forward_run(FORWARD)(inputs), seeds)
 
-        if self._interpreting(wrt, warming):
-            forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
-            return tiered.backward(self.program, wrt, forward, cotangents)
+        with tiered.interpreting():
+            if self._interpreting(wrt, warming):
+                forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
+                return tiered.backward(self.program, wrt, forward, cotangents)
         if interpreted:  # the interpreter ran the forward, and the kernels are ready now
             buffers = self._kernel_buffers(buffers)
         return self.backward(wrt)(buffers, cotangents)

@@ -1,24 +1,26 @@
-"""Tiered execution: a small program's first calls run on the numpy interpreter while numba
-compiles its kernels on a background thread; calls switch to the kernels once they are built.
+"""Tiered execution: a program's first calls run on the numpy interpreter while numba compiles
+its kernels on a background thread; calls switch to the kernels once they are built.
 
 numba takes 1-15 s to compile a layer's kernels (its gradient's boundary-split gathers most of
-that), which a user meets on every new program and every new shape. The interpreter
-(`runtime/reference.py`, the executable spec the kernels are tested against) starts at once and,
-for a program of a few million element operations or fewer, runs in milliseconds: the first
-forward and backward of a small conv-relu-pool layer took 16.8 s and now take well under one.
+that), which a user meets on every new program and every new shape. The interpreter starts at
+once: `runtime/vectorized.py` runs Funcs and scatters at numpy's speed (a convolution's sums on
+BLAS, a window's taps as strided views), `runtime/reference.py` (the executable spec the kernels
+are tested against) runs updates. The first forward and backward of a small conv-relu-pool layer
+took 16.8 s and now take well under one.
 
 What runs on the interpreter tier:
 * only programs whose every read is proved in range at trace time (the interpreter clips a
-  data-dependent index where the kernels raise BoundsError), and whose work per call, counted
-  as element operations of the Funcs and of the gradient's scatters, is at most
-  HALIDE_AD_INTERPRET_MAX (default 2**22);
+  data-dependent index where the kernels raise BoundsError), and whose work per call, in
+  element operations as `runtime/vectorized_cost.py` estimates them from the interpreter's
+  plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**28, below a second of numpy: beyond
+  it, compiling first costs less);
 * only while a kernel is neither compiled in this process nor in the on-disk cache: a second
   process loads machine code and runs compiled from its first call;
 * the forward and backward of one call on the same tier: a gradient never mixes the
   interpreter's forward buffers with a kernel's.
 
-The two tiers agree to rounding, not bit for bit: the interpreter sums float32 in numpy's order
-and precision where the kernels accumulate long sums in float64, and calls numpy's exp and tanh
+The two tiers agree to rounding, not bit for bit: the interpreter sums float32 in numpy's and
+BLAS's order and precision where the kernels accumulate long sums in float64, and calls numpy's exp and tanh
 where float32 kernels call `runtime/vmath.py`'s (within 3 ulp). tests/api/test_tiers.py holds
 them to 1e-5 relative in float32 and 1e-12 in float64. HALIDE_AD_TIERED=0 turns the
 interpreter tier off: every call waits for its kernels, as a run that must repeat bits from its
@@ -31,19 +33,20 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from halide_ad import config
 from halide_ad.ad import reverse_mode
-from halide_ad.ir import Load, Program, Reduce, Update
-from halide_ad.runtime import reference
+from halide_ad.ir import Load, Program
+from halide_ad.runtime import reference, vectorized, vectorized_cost
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import walk
 
-PYTHON_STEP = 1000  # element operations that one Python-level step of the interpreter costs, about
 INTERPRETED = "\0interpreted"  # a key of the interpreter's buffers (later, the kernels' buffers: api.Traced)
 
 
@@ -51,31 +54,56 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     """Whether the interpreter may run this program (and its gradient by `wrt`) on a first call."""
     if not config.tiered_enabled():
         return False
-    work = 0
     for f in program.funcs:
-        points = math.prod(f.shape)
-        if isinstance(f, Update):  # the interpreter steps through the rdom in Python, forward and back
-            points += 2 * math.prod(r.extent for r in f.rdom) * (PYTHON_STEP + math.prod(r.extent for r in f.pure))
-        elif isinstance(f.body, Reduce):
-            points *= math.prod(r.extent for r in f.body.rvars)
-        work += points
         if any(isinstance(n, Load) and any(map(checked_at_run_time, n.index)) for n in walk(f.body)):
             return False
-    if wrt:
-        for adjoint in reverse_mode(program, wrt):
-            work += sum(math.prod(r.extent for r in s.domain) for s in adjoint.scatters)
-    return work <= config.interpret_max()
+    return vectorized_cost.work(program, reverse_mode(program, wrt) if wrt else []) <= config.interpret_max()
 
 
 def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inputs and every Func's buffer (argindex buffers included), computed by numpy."""
-    return dict(inputs) | reference.evaluate(program, inputs) | {INTERPRETED: True}
+    return dict(inputs) | reference.evaluate(program, inputs, func=vectorized.func) | {INTERPRETED: True}
 
 
 def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
              cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """{name: gradient} for `wrt`, from `forward`'s buffers, by running reverse mode's scatters."""
-    return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents)
+    return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents,
+                                      scatter=vectorized.scatter)
+
+
+SWITCH_S = 2e-4  # the GIL's switch interval while the interpreter runs (Python's default: 5 ms)
+_switch_lock = threading.Lock()
+_quiet = threading.Condition(_switch_lock)
+_switch_users = 0  # interpreter calls running now
+_switch_before = 0.0
+_interpreted_until = 0.0  # when the last interpreter call ended (or, while one runs, the future)
+
+
+class interpreting:
+    """Around a call that may run the interpreter (from the choice of tier, the copies for its
+    compile and the interpreter's run): compiles wait for it (`_when_quiet`), and the GIL's
+    switch interval is short. The interpreter calls numpy hundreds of times a pass, each giving
+    up the GIL, which a compiling thread then holds for up to the interval: 5 ms a call, seconds
+    a pass. The last such call out restores the interval."""
+
+    def __enter__(self) -> None:
+        global _switch_users, _switch_before, _interpreted_until
+        with _switch_lock:
+            if _switch_users == 0:
+                _switch_before = sys.getswitchinterval()
+                sys.setswitchinterval(min(SWITCH_S, _switch_before))
+            _switch_users += 1
+            _interpreted_until = math.inf
+
+    def __exit__(self, *exc) -> None:
+        global _switch_users, _interpreted_until
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_before)
+                _interpreted_until = time.monotonic()
+                _quiet.notify_all()
 
 
 _executor: ThreadPoolExecutor | None = None
@@ -83,12 +111,36 @@ _executor_lock = threading.Lock()
 
 
 def in_background(job) -> Future:
-    """Run `job()` on the one compiling thread (numba compiles one function at a time anyway)."""
-    global _executor
+    """Run `job()` on the one compiling thread (numba compiles one function at a time anyway),
+    once the interpreter is quiet (`_when_quiet`)."""
+    global _executor, _interpreted_until
+    asked = time.monotonic()
+    with _switch_lock:  # (the interpreter call that asks for it starts right after)
+        _interpreted_until = max(_interpreted_until, asked)
     with _executor_lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(1, thread_name_prefix="halide_ad-compile")
-        return _executor.submit(job)
+        return _executor.submit(lambda: _when_quiet(asked) or job())
+
+
+QUIET_S = 0.5  # a compile starts once no interpreter call has run for this long ...
+DEFER_MAX_S = 10.0  # ... or this long after it was asked for, whichever comes first
+
+
+def _when_quiet(asked: float) -> None:
+    """Wait until no interpreter call has run for QUIET_S, at most until DEFER_MAX_S after
+    `asked`. A compile holds the GIL for most of its seconds and a core of two: run beside the
+    interpreter, it slowed a first forward and backward that take 1 s of CPU time to 18 s (a
+    nearest upsample of (16, 64, 128, 128), load 14; 3.4 s without it). A user's first calls,
+    one after another, then run alone, and a loop of calls with no pause gets its kernels after
+    DEFER_MAX_S and the compile."""
+    with _switch_lock:
+        while True:
+            now = time.monotonic()
+            wait = min(asked + DEFER_MAX_S, _interpreted_until + QUIET_S) - now
+            if wait <= 0 or (_switch_users == 0 and now - _interpreted_until >= QUIET_S):
+                return
+            _quiet.wait(wait)
 
 
 def settle() -> None:
@@ -107,4 +159,4 @@ if hasattr(os, "register_at_fork"):  # a forked child has no compiling thread
     os.register_at_fork(after_in_child=_forget_executor)
 
 
-__all__ = ["INTERPRETED", "backward", "forward", "in_background", "interpretable", "settle"]
+__all__ = ["INTERPRETED", "backward", "forward", "in_background", "interpretable", "interpreting", "settle"]

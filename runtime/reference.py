@@ -130,24 +130,32 @@ def _reduce(r: Reduce, env: Env) -> tuple[np.ndarray, np.ndarray | None]:
         return values.sum(axis=-1, dtype=dtype), None
     if r.op == "prod":
         return values.prod(axis=-1, dtype=dtype), None
-    best = (np.max if r.op in ("max", "argmax") else np.min)(values, axis=-1, initial=init)
+    best, arg = extremum(r.op, values, mask, dtype)
+    return (arg if r.op.startswith("arg") else best), arg
+
+
+def extremum(op: str, values: np.ndarray, mask: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the extremum over the last axis, its argindex) of `values`, whose masked elements hold
+    op's identity: see `_reduce`."""
+    best = (np.max if op in ("max", "argmax") else np.min)(values, axis=-1, initial=np.asarray(_identity(op, dtype), dtype))
     b = best[..., None]
     hit = mask & ((values == b) | (np.isnan(values) & np.isnan(b)))
     first = hit.argmax(axis=-1) if hit.shape[-1] else 0  # argmax refuses an empty axis
-    arg = np.where(hit.any(axis=-1), first, -1).astype(np.int64)
-    return (arg if r.op.startswith("arg") else best), arg
+    return best, np.where(hit.any(axis=-1), first, -1).astype(np.int64)
 
 
 def _domain(ranges: tuple[Range, ...], buffers: dict[str, np.ndarray]) -> Env:
     return Env({}, buffers, ()).extend(ranges)
 
 
-def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None) -> dict[str, np.ndarray]:
     """Every Func's buffer by name, in its declared shape and dtype, computed in program order.
 
     A Func whose `keeps_argindex` also gives `argindex_name(f.name)`: an integer array (of
     `f.argindex_dtype`) of the flat reduction position of the first extremal element, -1 where the reduction is empty. `inputs`
-    holds an array per program input, converted to the declared dtype.
+    holds an array per program input, converted to the declared dtype. `func(f, buffers)`, if
+    given, computes each Func's (value, argindex) in place of `_func` (runtime/vectorized.py's);
+    updates run here.
     """
     buffers = {b.name: np.asarray(inputs[b.name], b.dtype) for b in program.inputs}
     for b in program.inputs:
@@ -159,15 +167,19 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.nd
             if isinstance(f, Update):
                 out[f.name] = buffers[f.name] = _update(f, buffers, out)
                 continue
-            env = _domain(f.domain, buffers)
-            if isinstance(f.body, Reduce):
-                value, arg = _reduce(f.body, env)
-                if f.keeps_argindex:
-                    out[argindex_name(f.name)] = np.broadcast_to(arg, f.shape).astype(f.argindex_dtype)
-            else:
-                value = _eval(f.body, env)
-            out[f.name] = buffers[f.name] = np.broadcast_to(value, f.shape).astype(f.dtype)
+            value, arg = (func or _func)(f, buffers)
+            if f.keeps_argindex:
+                out[argindex_name(f.name)] = np.broadcast_to(arg, f.shape).astype(f.argindex_dtype)
+            fresh = value.shape == f.shape and value.dtype == f.dtype and value.base is None
+            out[f.name] = buffers[f.name] = value if fresh else np.broadcast_to(value, f.shape).astype(f.dtype)
     return out
+
+
+def _func(f, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    env = _domain(f.domain, buffers)
+    if isinstance(f.body, Reduce):
+        return _reduce(f.body, env)
+    return _eval(f.body, env), None
 
 
 def _update(u: Update, buffers: dict[str, np.ndarray], out: dict[str, np.ndarray]) -> np.ndarray:
@@ -259,7 +271,7 @@ def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> Non
 
 
 def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
-                     cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                     cotangents: dict[str, np.ndarray], *, scatter=None) -> dict[str, np.ndarray]:
     """{name: gradient} for each name in `wrt`, in that buffer's dtype, by running reverse mode's
     Scatters as written (`adjoints`: `ad.reverse_mode(program, wrt)`, outputs first):
     adj_B = (cotangent of B if B is an output) + sum of B's scatters.
@@ -267,7 +279,8 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
     `buffers` holds the forward pass: the inputs and what `evaluate` returns (argindex buffers
     included), e.g. `inputs | evaluate(program, inputs)`; 0-d buffers may come as shape (1,).
     `cotangents` holds an array per output that `wrt` reaches, keyed by output name. A name in
-    `wrt` that reaches no output gets zeros.
+    `wrt` that reaches no output gets zeros. `scatter(s, adj, buffers)`, if given, runs each
+    Scatter in place of `_scatter`; reverse scans run here.
     """
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
@@ -278,16 +291,21 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
             if adjoint.scan is not None:
                 _reverse_scan(adjoint.scan, env_buffers)
                 continue
-            # (an update's reverse scan may have filled it already)
-            adj = env_buffers.get(adjoint_name(adjoint.buffer), np.zeros(adjoint.shape, adjoint.dtype))
+            adj = env_buffers.get(adjoint_name(adjoint.buffer))  # (an update's reverse scan may have filled it)
             if adjoint.seeded:
                 if adjoint.buffer not in cotangents:
                     raise ValueError(f"no cotangent for output {adjoint.buffer}")
-                adj += np.asarray(cotangents[adjoint.buffer]).reshape(adjoint.shape)
+                seed = np.asarray(cotangents[adjoint.buffer]).reshape(adjoint.shape)
+                if adj is None:
+                    adj = np.array(seed, adjoint.dtype)
+                else:
+                    adj += seed
+            elif adj is None:
+                adj = np.zeros(adjoint.shape, adjoint.dtype)
             for s in adjoint.scatters:
-                _scatter(s, adj, env_buffers)
+                (scatter or _scatter)(s, adj, env_buffers)
             env_buffers[adjoint_name(adjoint.buffer)] = adj
-    return {name: env_buffers[adjoint_name(name)].astype(program.buffer(name).dtype) for name in wrt}
+    return {name: env_buffers[adjoint_name(name)].astype(program.buffer(name).dtype, copy=False) for name in wrt}
 
 
 __all__ = ["evaluate", "scatter_adjoints"]

@@ -1,5 +1,6 @@
 """Tiered execution (halide_ad/tiered.py): first calls on the numpy interpreter while the
 kernels compile in the background, then the kernels; both tiers agree to rounding."""
+import sys
 import threading
 
 import numpy as np
@@ -161,3 +162,18 @@ def test_a_vjp_made_on_the_interpreter_runs_kernels_once_they_are_ready(monkeypa
     monkeypatch.setattr(tiered, "forward", interpreter_called)
     for _ in range(2):
         np.testing.assert_allclose(vjp(ct)[0], first, rtol=1e-12, atol=1e-12)
+
+
+def test_compiles_wait_while_the_interpreter_runs(monkeypatch):
+    """A compile asked for by an interpreter call starts once no interpreter call has run for
+    QUIET_S: a user's first calls, one after another, run without it. The GIL's switch interval
+    is short while they run, and restored after."""
+    monkeypatch.setattr(tiered, "QUIET_S", 0.05)
+    before = sys.getswitchinterval()
+    started = threading.Event()
+    with tiered.interpreting():
+        assert sys.getswitchinterval() <= tiered.SWITCH_S
+        job = tiered.in_background(started.set)
+        assert not started.wait(0.3)  # held back while the interpreter runs
+    job.result(timeout=600)
+    assert started.is_set() and sys.getswitchinterval() == before

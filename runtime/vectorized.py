@@ -1,0 +1,523 @@
+"""The interpreter tier's evaluator: the IR run by numpy at numpy's speed, for first calls.
+
+`reference.py` evaluates every expression at every point of its whole domain, reads by fancy
+indexing over index grids and scatters with `np.add.at`: obvious, and 10-100x slower than numpy
+can be on a benchmark-sized program. This evaluator computes the same values, to the rounding of
+sums, in three other ways:
+
+* A value carries the variables its axes stand for (`Value`): it costs the size of the variables
+  it depends on, not of the domain. An index that depends on one variable is a vector: read as a
+  strided view where it is an arithmetic progression, else with `np.take` along its axis.
+* A variable that shares an index with another (`i + r`) runs as a Python loop over its values
+  (the smaller one: a window's), which leaves every index a function of one variable. A variable
+  under `// k` or `% k` runs as k phases, i = k q + p, where `(i - 1) // 2` is a progression in
+  q and `i % 2` a constant.
+* A sum of products (a convolution, a matrix product, their adjoints) is one `np.einsum` per
+  loop point, which calls BLAS. A scatter adds into a view where its index is one-to-one, sums
+  the runs of a clamped index first (`np.add.reduceat`), and else groups with `np.add.at`.
+
+Update definitions and their reverse scans stay with the reference interpreter, which runs
+everything else through `func` and `scatter` here. `vectorized_cost.work` estimates what a program
+costs here, from the same plans, for `halide_ad.tiered` to choose a tier by.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from halide_ad.errors import InternalError
+from halide_ad.ir import (COMPARISONS, Bin, Call, Cast, Const, Expr, Func, Load, Op, Range, Reduce, Scatter, Select,
+                          Var, dtype_of)
+from halide_ad.runtime import reference
+from halide_ad.runtime.parallel import one_blas_thread
+from halide_ad.runtime.parallel import parallel_for as run_parallel
+from halide_ad.traverse import free_vars, walk
+
+CHUNK = 1 << 19  # points of a piece of a Func or scatter (numpy's temporaries of 2 MiB in float32)
+LOOP_MAX = 1024  # Python-loop points of one Func or scatter, beyond which it runs as the reference does
+PHASES_MAX = 16  # the largest k of a `// k` or `% k` that splits its variable into phases
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """The values of a variable along its axis: start + step * t for t < count."""
+    start: int
+    step: int
+    count: int
+
+    def values(self) -> np.ndarray:
+        return self.start + self.step * np.arange(self.count, dtype=np.int64)
+
+
+class Value(NamedTuple):
+    """An array whose axis k stands for the variable `axes[k]` (in the Env's order)."""
+    array: np.ndarray
+    axes: tuple[Var, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    axes: dict[Var, Axis]   # the variables that vary, in the order of every Value's axes
+    fixed: dict[Var, int]   # the variables a Python loop holds at one value
+    buffers: dict[str, np.ndarray]
+    padded: dict = field(default_factory=dict)  # buffer name -> (pad per axis, its edge-padded copy)
+    invariant: frozenset = frozenset()  # ids of the nodes that no loop variable reaches ...
+    memo: dict = field(default_factory=dict)  # ... and their values, computed at the first loop point
+
+    def at(self, point: dict[Var, int]) -> Env:
+        return Env({v: a for v, a in self.axes.items() if v not in point}, self.fixed | point, self.buffers,
+                   self.padded, self.invariant, self.memo)
+
+    def looping(self, exprs, looped) -> Env:
+        """This Env, remembering the values of the nodes of `exprs` that the `looped` variables
+        do not reach (a window's adjoint divided by 9 once, not at each of its 9 taps)."""
+        invariant = frozenset(id(n) for e in exprs if e is not None for n in walk(e)
+                              if isinstance(n, (Load, Bin, Call, Select, Cast)) and not free_vars(n) & looped)
+        return Env(self.axes, self.fixed, self.buffers, self.padded, invariant, {})
+
+    def pad(self, name: str, need: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
+        """(pads, buffer `name` with `pads[d]` edge copies on both sides of axis d), pads >= need:
+        one copy serves the clamped reads of every tap of a window."""
+        with _pad_lock:  # (pieces run on several threads)
+            have = self.padded.get(name)
+            if have is not None and all(h >= n for h, n in zip(have[0], need, strict=True)):
+                return have
+            pads = tuple(map(max, have[0], need)) if have is not None else need
+            self.padded[name] = pads, np.pad(self.buffers[name], [(p, p) for p in pads], mode="edge")
+            return self.padded[name]
+
+
+_pad_lock = threading.Lock()
+
+
+def _expand(v: Value, axes: tuple[Var, ...]) -> np.ndarray:
+    """v's array with a unit axis for each of `axes` it lacks (v.axes is a subsequence of axes)."""
+    missing = tuple(k for k, a in enumerate(axes) if a not in v.axes)
+    return np.expand_dims(v.array, missing) if missing else v.array
+
+
+def _union(env: Env, values) -> tuple[Var, ...]:
+    seen = {a for v in values for a in v.axes}
+    return tuple(a for a in env.axes if a in seen)
+
+
+def _apply(fn, values: list[Value], env: Env) -> Value:
+    axes = _union(env, values)
+    return Value(np.asarray(fn(*(_expand(v, axes) for v in values))), axes)
+
+
+def _eval(e: Expr, env: Env) -> Value:
+    """The value of `e` over env's axes, as reference._eval computes it at each point."""
+    if id(e) in env.invariant:
+        value = env.memo.get(id(e))
+        if value is None:
+            value = env.memo[id(e)] = _compute(e, env)
+        return value
+    return _compute(e, env)
+
+
+def _compute(e: Expr, env: Env) -> Value:
+    dtype = dtype_of(e)
+    match e:
+        case Const(value, _):
+            out = Value(np.asarray(value), ())
+        case Var():
+            out = Value(np.asarray(env.fixed[e]), ()) if e in env.fixed else Value(env.axes[e].values(), (e,))
+        case Load():
+            out = _load(e, env)
+        case Bin(op, lhs, rhs):
+            a, b = _eval(lhs, env), _eval(rhs, env)
+            if op not in COMPARISONS:  # compute in the result dtype, as the reference does
+                a, b = (Value(v.array.astype(dtype, copy=False), v.axes) for v in (a, b))
+            out = _apply(reference._BIN[op], [a, b], env)
+        case Call(fn, args):
+            out = _apply(reference._CALLS[fn], [_eval(a, env) for a in args], env)
+        case Select(cond, true, false):
+            out = _apply(np.where, [_eval(cond, env), _eval(true, env), _eval(false, env)], env)
+        case Cast(_, value):
+            out = _eval(value, env)
+        case Reduce():
+            out = _reduce(e, env)[0]
+        case _:
+            raise InternalError(f"the vectorized interpreter cannot evaluate {e!r}")
+    return Value(out.array.astype(dtype, copy=False), out.axes)
+
+
+PAD_MAX = 64  # the most entries a clamped read may clip at one end, to read from an edge-padded copy
+RUNS_MAX = 16  # pieces of an index vector read or written piece by piece (a clamped index has 3)
+
+
+def _runs(vector: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """[(first, stop, step)]: `vector` cut, from the left, into arithmetic progressions
+    vector[first:stop] of difference `step` (0 for a repeated entry), or None for more than
+    RUNS_MAX. A clamped index (repeat_edge) is three: [0, 0, 1, ..., n-1, n-1]."""
+    if len(vector) < 2:
+        return [(0, len(vector), 1)]
+    steps = np.diff(vector)
+    cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
+    if len(cuts) > 2 * RUNS_MAX:
+        return None
+    runs, first = [], 0
+    while first < len(vector):
+        if first == len(vector) - 1:
+            runs.append((first, first + 1, 1))
+            break
+        later = cuts[cuts > first]
+        last = int(later[0]) if len(later) else len(vector) - 1
+        runs.append((first, last + 1, int(steps[first])))
+        first = last + 1
+    return runs if len(runs) <= RUNS_MAX else None
+
+
+def _piece(vector: np.ndarray, first: int, stop: int, step: int) -> slice | int:
+    """What selects vector[first:stop] of a run: a slice, or the one entry a repeated run holds."""
+    if step == 0:
+        return int(vector[first])
+    end = int(vector[stop - 1]) + (1 if step > 0 else -1)
+    return slice(int(vector[first]), None if end < 0 else end, step)
+
+
+def _read(array: np.ndarray, vector: np.ndarray, axis: int) -> np.ndarray:
+    """np.take(array, vector, axis): a view where `vector` is one progression, else copies of
+    its runs' views."""
+    runs = _runs(vector)
+    if runs is None:
+        return np.take(array, vector, axis=axis)
+    lead = (slice(None),) * axis
+    pieces = []
+    for first, stop, step in runs:
+        key = _piece(vector, first, stop, step)
+        if isinstance(key, int):  # a repeated entry
+            view = np.expand_dims(array[lead + (key,)], axis)
+            pieces.append(np.broadcast_to(view, view.shape[:axis] + (stop - first,) + view.shape[axis + 1:]))
+        else:
+            pieces.append(array[lead + (key,)])
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=axis)
+
+
+def _clamped(vector: np.ndarray, n: int) -> int | None:
+    """a where `vector` is clip(a + arange(len(vector)), 0, n - 1) and clips at most PAD_MAX
+    entries at an end (a repeat_edge read), else None."""
+    m = len(vector)
+    if m < 2 or (vector[0] > 0 and vector[-1] < n - 1):
+        return None
+    a = int(vector[m // 2]) - m // 2
+    if not 0 < max(-a, a + m - n) <= PAD_MAX or not np.array_equal(vector, np.clip(a + np.arange(m), 0, n - 1)):
+        return None
+    return a
+
+
+def _load(e: Load, env: Env) -> Value:
+    buf = env.buffers[e.buffer]
+    index = [_eval(i, env) for i in e.index]
+    named = [v.axes[0] for v in index if v.axes]
+    if buf.size == 0 or any(len(v.axes) > 1 for v in index) or len(set(named)) < len(named):
+        return _gather(buf, index, env)
+    vectors = [np.clip(v.array, 0, n - 1) for v, n in zip(index, buf.shape, strict=True)]  # as the reference:
+    starts = [_clamped(x, n) if v.axes else None for x, v, n in zip(vectors, index, buf.shape, strict=True)]
+    need = tuple(0 if a is None else max(-a, a + len(x) - n) for a, x, n in zip(starts, vectors, buf.shape))
+    pads, array = env.pad(e.buffer, need) if any(need) else ((0,) * buf.ndim, buf)  # (an untaken branch reads anywhere)
+    array = np.asarray(array[tuple(int(x) + p if not v.axes else slice(None)
+                                   for x, v, p in zip(vectors, index, pads, strict=True))])
+    axis = 0
+    for x, v, a, p in zip(vectors, index, starts, pads, strict=True):
+        if not v.axes:
+            continue
+        if a is None:
+            array = _read(array, x + p, axis)
+        else:  # a clamped read: a view of the padded copy
+            array = array[(slice(None),) * axis + (slice(a + p, a + p + len(x)),)]
+        axis += 1
+    position = {a: k for k, a in enumerate(env.axes)}
+    order = sorted(range(len(named)), key=lambda k: position[named[k]])
+    return Value(array.transpose(order), tuple(named[k] for k in order))
+
+
+def _gather(buf: np.ndarray, index: list[Value], env: Env) -> Value:
+    """buf[index] by fancy indexing over the index vectors' common axes, as the reference reads."""
+    axes = _union(env, index)
+    grids = [_expand(v, axes) for v in index]
+    return Value(np.asarray(reference._load(buf, grids)), axes)
+
+
+# --- plans: which variables loop, which split into phases -------------------------------------------
+
+
+def index_dims(exprs) -> list[Expr]:
+    """Every index of every Load in `exprs` (a scatter's target index included by the caller)."""
+    return [i for e in exprs if e is not None for n in walk(e) if isinstance(n, Load) for i in n.index]
+
+
+def looped_vars(dims: list[Expr], free: dict[Var, int], candidates) -> set[Var]:
+    """The `candidates` to loop over so that no index depends on two varying variables: in each
+    index that does, the candidate of fewest values (`free`: each varying variable's count)."""
+    looped: set[Var] = set()
+    for d in dims:
+        varying = [v for v in free_vars(d) if v in free and v not in looped]
+        choice = [v for v in varying if v in candidates]
+        if len(varying) > 1 and choice:
+            looped.add(min(choice, key=lambda v: (free[v], v.name)))
+    return looped
+
+
+def _phases(exprs, free: set[Var]) -> dict[Var, int]:
+    """{variable: k} for the `free` variables under a `// k` or `% k` (k a constant, the lcm of several)."""
+    split: dict[Var, int] = {}
+    for e in exprs:
+        if e is None:
+            continue
+        for n in walk(e):
+            if isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const) \
+                    and isinstance(n.rhs.value, int) and 2 <= n.rhs.value <= PHASES_MAX:
+                for v in free_vars(n.lhs) & free:
+                    split[v] = math.lcm(split.get(v, 1), n.rhs.value)
+    return {v: k for v, k in split.items() if k <= PHASES_MAX}
+
+
+def _split(ranges: tuple[Range, ...], phases: dict[Var, int]):
+    """The axes of each combination of phases of `ranges`."""
+    choices = []
+    for r in ranges:
+        lo, n = r.lo, reference._extent(r)
+        k = phases.get(r.var, 1)
+        choices.append([Axis(lo + p, k, -(-(n - p) // k)) for p in range(min(k, n))])
+    for combo in itertools.product(*choices):
+        yield {r.var: a for r, a in zip(ranges, combo, strict=True)}
+
+
+def _chunks(axes: dict[Var, Axis], along: tuple[Var, ...], counted) -> list[dict[Var, Axis]]:
+    """`axes` cut along the first of `along` that has several values, into pieces of about CHUNK
+    points of the `counted` variables (a result's: summed ones go to BLAS whole): numpy's
+    temporaries then stay in cache, and pieces can run on two threads."""
+    total = math.prod(axes[v].count for v in counted if v in axes)
+    v = next((v for v in along if axes[v].count > 1), None)
+    if v is None or total <= CHUNK:
+        return [axes]
+    a = axes[v]
+    rows = max(1, CHUNK * a.count // total)
+    return [axes | {v: Axis(a.start + a.step * t, a.step, min(rows, a.count - t))} for t in range(0, a.count, rows)]
+
+
+def _each(body, pieces: list, parallel: bool) -> None:
+    """body(piece) for each piece, on the kernels' threads where `parallel` (pieces that write
+    disjoint elements). BLAS runs on one thread in each: OpenBLAS's own threads spin, and on a
+    busy machine a convolution's weight gradient took 1.5 s instead of 2 ms."""
+    with one_blas_thread():
+        if parallel and len(pieces) > 1:
+            run_parallel(lambda lo, hi: [body(p) for p in pieces[lo:hi]], 0, len(pieces))
+        else:
+            for p in pieces:
+                body(p)
+
+
+def _points(looped: list[Range]):
+    return (dict(zip((r.var for r in looped), p, strict=True))
+            for p in itertools.product(*(range(r.lo, r.hi) for r in looped)))
+
+
+# --- Funcs --------------------------------------------------------------------------------------------
+
+
+def func(f: Func, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    """(f's buffer, its argindex or None), as `reference.evaluate` computes them."""
+    body = f.body
+    parts = (body.body, body.where) if isinstance(body, Reduce) else (body,)
+    out = np.empty(f.shape, f.dtype)
+    arg = np.empty(f.shape, np.int64) if isinstance(body, Reduce) and body.op in ("max", "min", "argmax", "argmin") \
+        else None
+    padded: dict = {}
+
+    def piece(axes: dict[Var, Axis]) -> None:
+        env = Env(axes, {}, buffers, padded)
+        value, where = _reduce(body, env) if isinstance(body, Reduce) else (_eval(body, env), None)
+        key = tuple(slice(a.start, a.start + a.step * a.count, a.step) for a in axes.values())
+        shape = tuple(a.count for a in axes.values())
+        out[key] = np.broadcast_to(_expand(value, tuple(axes)), shape)
+        if arg is not None:
+            arg[key] = np.broadcast_to(_expand(where, tuple(axes)), shape)
+
+    pieces = [c for axes in _split(f.domain, _phases(parts, set(f.vars))) for c in _chunks(axes, f.vars, f.vars)]
+    _each(piece, pieces, parallel=True)
+    return out, arg
+
+
+def _reduce(r: Reduce, env: Env) -> tuple[Value, Value | None]:
+    """(r's value, argindex) over env's axes, as reference._reduce computes them."""
+    inner = Env(env.axes | {v.var: Axis(v.lo, 1, reference._extent(v)) for v in r.rvars}, env.fixed, env.buffers,
+                env.padded)
+    rvars = {v.var for v in r.rvars}
+    looped = looped_vars(index_dims((r.body, r.where)), {v: a.count for v, a in inner.axes.items()}, rvars)
+    loop = [v for v in r.rvars if v.var in looped]
+    if loop and r.op not in ("sum", "prod"):
+        loop = list(r.rvars)  # an extremum's position is kept across loop points only when all loop
+    if math.prod(reference._extent(v) for v in loop) > LOOP_MAX:
+        loop = []
+    dtype = dtype_of(r) if r.op in ("sum", "prod") else dtype_of(r.body)
+    if r.op in ("sum", "prod"):
+        summed = tuple(v.var for v in r.rvars if v not in loop)
+        total = None
+        inner = inner.looping((r.body, r.where), {v.var for v in loop})
+        for point in _points(loop):
+            part = _summed(r.body, r.where, inner.at(point), summed, dtype, r.op)
+            total = part if total is None else _apply(np.add if r.op == "sum" else np.multiply, [total, part], env)
+        if total is None:  # an empty loop
+            total = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
+        return Value(total.array.astype(dtype, copy=False), total.axes), None
+    if not loop:
+        return _extremum_whole(r, inner, dtype)
+    return _extremum_loop(r, inner, env, dtype)
+
+
+def _summed(body: Expr, where: Expr | None, env: Env, summed: tuple[Var, ...], dtype: str, op: str = "sum") -> Value:
+    """The sum (or product) of `body` where `where` holds, over the `summed` variables of env."""
+    factors = product_factors(body, dtype) if op == "sum" and where is None and summed else [body]
+    values = [_eval(f, env) for f in factors]
+    values = [Value(v.array.astype(dtype, copy=False), v.axes) for v in values]
+    if where is not None:
+        mask = _eval(where, env)
+        axes = _union(env, [values[0], mask])
+        values = [Value(np.where(_expand(mask, axes), _expand(values[0], axes), np.asarray(int(op == "prod"), dtype)),
+                        axes)]
+    axes = _union(env, values)
+    kept = tuple(a for a in axes if a not in summed)
+    if len(values) > 1:
+        labels = {a: k for k, a in enumerate(axes)}
+        operands = [x for v in values for x in (v.array, [labels[a] for a in v.axes])]
+        array = np.einsum(*operands, [labels[a] for a in kept], optimize=True)
+    elif len(kept) < len(axes):
+        reduce = np.sum if op == "sum" else np.prod
+        array = reduce(values[0].array, axis=tuple(k for k, a in enumerate(axes) if a in summed), dtype=dtype)
+    else:
+        array = values[0].array
+    absent = math.prod(env.axes[v].count for v in summed if v not in axes)  # the body does not vary with these
+    if absent > 1:
+        array = array * np.asarray(absent, dtype) if op == "sum" else array ** absent
+    return Value(np.asarray(array, dtype), kept)
+
+
+def product_factors(e: Expr, dtype: str) -> list[Expr]:
+    """The factors of a product chain computed in `dtype`."""
+    if isinstance(e, Bin) and e.op == Op.MUL and dtype_of(e) == dtype:
+        return product_factors(e.lhs, dtype) + product_factors(e.rhs, dtype)
+    return [e]
+
+
+def _extremum_whole(r: Reduce, inner: Env, dtype: str) -> tuple[Value, Value]:
+    """max/min/argmax/argmin with the reduction variables as axes: the reference's way."""
+    value = _eval(r.body, inner)
+    mask = _eval(r.where, inner) if r.where is not None else Value(np.ones((), bool), ())
+    rvars = tuple(v.var for v in r.rvars)
+    axes = tuple(a for a in inner.axes if a in value.axes or a in mask.axes or a in rvars)
+    outer = tuple(a for a in axes if a not in rvars)
+    shape = tuple(inner.axes[a].count for a in axes)
+    flat = tuple(inner.axes[a].count for a in outer) + (math.prod(shape[len(outer):]),)
+    values = np.broadcast_to(_expand(value, axes), shape).reshape(flat).astype(dtype)
+    masks = np.broadcast_to(_expand(mask, axes), shape).reshape(flat).astype(bool)
+    best, arg = reference.extremum(r.op, np.where(masks, values, np.asarray(reference._identity(r.op, dtype), dtype)),
+                                   masks, dtype)
+    return Value(arg if r.op.startswith("arg") else best, outer), Value(arg, outer)
+
+
+def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, Value]:
+    """max/min/argmax/argmin one reduction point at a time, in reduction order: a point replaces
+    the best so far where it is the first unmasked one, strictly better, or the first NaN."""
+    high = r.op in ("max", "argmax")
+    best = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
+    arg = Value(np.asarray(-1, np.int64), ())
+    inner = inner.looping((r.body, r.where), {v.var for v in r.rvars})
+    for position, point in enumerate(_points(list(r.rvars))):
+        at = inner.at(point)
+        value = _eval(r.body, at)
+        if r.where is None and position == 0:  # every point is unmasked: the first one is the best so far
+            best, arg = Value(value.array.astype(dtype, copy=False), value.axes), Value(np.zeros((), np.int64), ())
+            continue
+        mask = _eval(r.where, at) if r.where is not None else Value(np.ones((), bool), ())
+        axes = _union(env, [best, arg, value, mask])
+        b, a, v, m = (_expand(x, axes) for x in (best, arg, value, mask))
+        # not (v <= b) holds where v > b and where either is NaN: a NaN replaces a number, never a NaN
+        take = ~((np.less_equal if high else np.greater_equal)(v, b) | np.isnan(b))
+        if r.where is not None:
+            take = m & (take | (a < 0))
+        best = Value(np.where(take, v, b).astype(dtype, copy=False), axes)
+        arg = Value(np.where(take, position, a), axes)
+    return (arg if r.op.startswith("arg") else best), arg
+
+
+# --- scatters -----------------------------------------------------------------------------------------
+
+
+def scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+    """For every point of s.domain where s.where holds: adj[s.index] += s.value, as reference._scatter."""
+    counts = {r.var: reference._extent(r) for r in s.domain}
+    dims = list(s.index) + index_dims((s.value, s.where, *s.index))
+    looped = looped_vars(dims, counts, set(counts))
+    loop = [r for r in s.domain if r.var in looped]
+    free = [r for r in s.domain if r.var not in looped]
+    named = [free_vars(i) & {r.var for r in free} for i in s.index]
+    if math.prod(counts[r.var] for r in loop) > LOOP_MAX or any(len(n) > 1 for n in named) \
+            or sum(map(len, named)) > len(set().union(*named)):
+        reference._scatter(s, adj, buffers)  # an index of two varying variables, or two indices of one
+        return
+    # a phase's pieces along a variable that is a whole index of its own write disjoint elements
+    own = tuple(i for i in s.index if isinstance(i, Var) and i in counts and i not in looped)
+    along = own or tuple(r.var for r in free)
+    padded: dict = {}
+
+    def piece(axes: dict[Var, Axis]) -> None:
+        env = Env(axes, {}, buffers, padded).looping((s.value, s.where, *s.index), looped)
+        for point in _points(loop):
+            _scatter_at(s, adj, env.at(point))
+
+    phases = _phases((s.value, s.where, *s.index), {r.var for r in free})
+    for axes in _split(tuple(free), phases):  # phases one after another: they may write the same elements
+        _each(piece, _chunks(axes, along, set().union(*named)), parallel=bool(own))
+
+
+def _scatter_at(s: Scatter, adj: np.ndarray, env: Env) -> None:
+    """One loop point of `scatter`, each index a function of one varying variable at most."""
+    index = [_eval(i, env) for i in s.index]
+    named = [v.axes[0] for v in index if v.axes]
+    summed = tuple(a for a in env.axes if a not in named)
+    value = _summed(s.value, s.where, env, summed, adj.dtype.name)
+    ordered = tuple(a for a in env.axes if a in named)
+    target = np.broadcast_to(_expand(value, ordered), tuple(env.axes[a].count for a in ordered))
+    target = target.transpose([ordered.index(a) for a in named])  # into the target's dimension order
+    for k, (v, n) in enumerate(zip(index, adj.shape, strict=True)):
+        if s.where is not None:  # masked points may lie outside; they add zeros, at a clipped index
+            index[k] = Value(np.clip(v.array, 0, n - 1), v.axes)
+        elif v.array.size and (v.array.min() < 0 or v.array.max() >= n):
+            raise InternalError(f"a scatter into adj_{s.buffer} writes at {v.array.min()}..{v.array.max()}, "
+                                f"outside 0..{n - 1}")
+    view = adj[tuple(int(v.array) if not v.axes else slice(None) for v in index) + (Ellipsis,)]  # (a view, 0-d too)
+    vectors = [v.array for v in index if v.axes]
+    runs = [_runs(vector) for vector in vectors]
+    if any(r is None for r in runs):
+        _add_grouped(view, target, vectors)
+        return
+    for combo in itertools.product(*runs):  # each run of each index: a view, or one entry summed into
+        part = target[tuple(slice(first, stop) for first, stop, _ in combo)]
+        keys = tuple(_piece(vector, *run) for vector, run in zip(vectors, combo, strict=True))
+        repeated = tuple(k for k, key in enumerate(keys) if isinstance(key, int))
+        view[keys] += part.sum(axis=repeated) if repeated else part
+
+
+def _add_grouped(view: np.ndarray, target: np.ndarray, vectors: list[np.ndarray]) -> None:
+    """view[vectors, as np.ix_ takes them] += target, equal entries of a vector summed first."""
+    keys = []
+    for axis, vector in enumerate(vectors):
+        distinct, inverse = np.unique(vector, return_inverse=True)
+        if len(distinct) < len(vector):
+            moved = np.moveaxis(target, axis, 0)
+            sums = np.zeros((len(distinct),) + moved.shape[1:], target.dtype)
+            np.add.at(sums, inverse, moved)
+            target = np.moveaxis(sums, 0, axis)
+        keys.append(distinct)
+    view[np.ix_(*keys)] += target
+
+
+__all__ = ["CHUNK", "func", "index_dims", "looped_vars", "product_factors", "scatter"]

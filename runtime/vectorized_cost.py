@@ -1,0 +1,90 @@
+"""The interpreter tier's cost model: what `vectorized.py` takes to run a program, in numpy's element
+operations, estimated from the plans it runs by (which variables loop, which sums go to BLAS),
+without running anything. `halide_ad.tiered` runs a program's first calls on the interpreter
+when this is at most HALIDE_AD_INTERPRET_MAX.
+
+Calibration, measured at the commit that added it on the 2-core development machine (under load):
+the nine kernel cases of `python -m benchmarks` at their benchmark shapes ran their forward and
+gradient passes at 0.5-1e9 of these operations per second of CPU time.
+"""
+from __future__ import annotations
+
+import math
+
+from halide_ad.ir import Call, Const, Func, Program, Reduce, Scatter, Update, Var, dtype_of
+from halide_ad.runtime import reference
+from halide_ad.runtime.vectorized import CHUNK, product_factors, index_dims, looped_vars
+from halide_ad.traverse import free_vars, walk
+
+PYTHON_STEP = 2000  # element operations that one numpy call from Python costs, about (~5 us)
+BLAS_MACS = 16  # multiply-adds that BLAS does in the time of one numpy element operation, about
+SLOW_CALLS = {"erf": 50}  # numpy has no erf: the reference calls math.erf per element
+
+
+def work(program: Program, adjoints) -> int:
+    """The element operations that `func` and `scatter` (and the reference, for updates) take to
+    run `program`'s Funcs and the Scatters of `adjoints`, estimated from the same plans: each
+    node of an expression costs the size of the varying variables it depends on, once per loop
+    point, plus PYTHON_STEP per numpy call; a sum of products costs its multiply-adds / BLAS_MACS."""
+    total = 0
+    updates = [f for f in program.funcs if isinstance(f, Update)] + [a.scan.update for a in adjoints if a.scan]
+    for u in updates:  # the reference steps through the rdom in Python, each step over the pure points
+        total += 2 * math.prod(r.hi - r.lo for r in u.rdom) * (PYTHON_STEP + math.prod(r.hi - r.lo for r in u.pure))
+    for f in program.funcs:
+        if isinstance(f, Func):
+            total += _func_work(f)
+    for a in adjoints:
+        total += math.prod(a.shape) + sum(_scatter_work(s) for s in a.scatters)
+    return total
+
+
+def _func_work(f: Func) -> int:
+    counts = {v: n for v, n in zip(f.vars, f.shape, strict=True)}
+    body = f.body
+    if not isinstance(body, Reduce):
+        return math.prod(f.shape) + _expr_work((body,), counts, set(), _pieces(counts, f.vars))
+    counts |= {r.var: reference._extent(r) for r in body.rvars}
+    looped = looped_vars(index_dims((body.body, body.where)), counts, {r.var for r in body.rvars})
+    if looped and body.op not in ("sum", "prod"):
+        looped = {r.var for r in body.rvars}
+    summed = {r.var for r in body.rvars} - looped
+    contracted = product_factors(body.body, dtype_of(body)) if body.op == "sum" and body.where is None and summed else []
+    return math.prod(f.shape) + _expr_work((body.body, body.where), counts, looped, _pieces(counts, f.vars),
+                                           contracted)
+
+
+def _scatter_work(s: Scatter) -> int:
+    counts = {r.var: reference._extent(r) for r in s.domain}
+    looped = looped_vars(list(s.index) + index_dims((s.value, s.where, *s.index)), counts, set(counts))
+    named = set().union(*(free_vars(i) for i in s.index)) - looped
+    contracted = product_factors(s.value, dtype_of(s.value)) if s.where is None and set(counts) - looped - named else []
+    points = math.prod(counts[v] for v in looped)
+    return points * math.prod(counts[v] for v in named if v in counts) + _expr_work(
+        (s.value, s.where, *s.index), counts, looped, _pieces(counts, tuple(named)), contracted)
+
+
+def _pieces(counts: dict[Var, int], kept) -> int:
+    return max(1, math.prod(counts[v] for v in kept if v in counts) // CHUNK)
+
+
+def _expr_work(exprs, counts: dict[Var, int], looped: set[Var], pieces: int, contracted=()) -> int:
+    """Element operations of evaluating `exprs` at each point of the `looped` variables, where
+    the first is the product of `contracted` that einsum sums (if there are two factors or more)."""
+    free = {v: n for v, n in counts.items() if v not in looped}
+    ops = calls = 0
+    roots = list(exprs)
+    if len(contracted) > 1:
+        ops += math.prod(free[v] for v in set().union(*map(free_vars, contracted)) if v in free) // BLAS_MACS
+        calls += 1
+        roots = list(contracted) + roots[1:]
+    for e in roots:
+        for n in walk(e) if e is not None else ():
+            if isinstance(n, (Const, Var)):
+                continue
+            ops += math.prod(free[v] for v in free_vars(n) if v in free) * (
+                SLOW_CALLS.get(n.fn, 1) if isinstance(n, Call) else 1)
+            calls += 1
+    return math.prod(counts[v] for v in looped) * (ops + calls * PYTHON_STEP * pieces)
+
+
+__all__ = ["work"]

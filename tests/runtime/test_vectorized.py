@@ -1,0 +1,178 @@
+"""The interpreter tier's evaluator (runtime/vectorized.py) against the reference interpreter: the
+same values on fuzzed programs and on the benchmark's kernels, its plans (which variables loop,
+which split into phases, which indices read as views) and its cost model's decisions."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import halide_ad as hd
+from halide_ad import config
+from halide_ad.ad import reverse_mode
+from halide_ad.api import as_function
+from halide_ad.runtime import reference, vectorized, vectorized_cost
+from tests.runtime.test_fuzz_programs import _inputs, build, programs
+from tests import programs as P
+
+
+def _both(fn, args, ct_seed=0):
+    """(reference's, vectorized's) forward buffers and gradients of fn at args."""
+    traced, arrays = as_function(fn).trace(tuple(args), {})
+    program, wrt = traced.program, traced.float_args
+    adjoints = reverse_mode(program, wrt)
+    out = []
+    for func, scatter in ((None, None), (vectorized.func, vectorized.scatter)):
+        buffers = reference.evaluate(program, arrays, func=func)
+        shape = np.shape(buffers[program.outputs[0]])
+        ct = np.random.default_rng(ct_seed).standard_normal(shape).astype(buffers[program.outputs[0]].dtype)
+        grads = reference.scatter_adjoints(program, adjoints, wrt, arrays | buffers, {program.outputs[0]: ct},
+                                           scatter=scatter)
+        out.append((buffers, grads))
+    return out
+
+
+def _assert_same(fn, args, rtol=1e-12):
+    (fwd, grads), (vfwd, vgrads) = _both(fn, args)
+    for name, value in fwd.items():
+        if value is None:  # (an untaped update's tape)
+            continue
+        assert vfwd[name].dtype == value.dtype and vfwd[name].shape == value.shape, name
+        np.testing.assert_allclose(vfwd[name], value, rtol=rtol, atol=rtol, err_msg=name)
+    for name, value in grads.items():
+        assert vgrads[name].dtype == value.dtype, name
+        np.testing.assert_allclose(vgrads[name], value, rtol=rtol, atol=rtol * max(1, np.abs(value).max()),
+                                   err_msg=name)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(case=programs(), seed=st.integers(0, 2**16))
+def test_random_program_equals_reference(case, seed):
+    in_shape, stages = case
+    x, w, _ = _inputs(in_shape, seed)
+    _assert_same(build(stages), (x, w), rtol=1e-10)
+
+
+KERNELS = {
+    "blur2d_mirror": (P.blur2d, lambda rng: (rng.standard_normal((5, 6)), "mirror")),
+    "blur2d_edge": (P.blur2d, lambda rng: (rng.standard_normal((7, 9)), "repeat_edge")),
+    "conv2d": (P.conv2d, lambda rng: (rng.standard_normal((2, 2, 5, 6)), rng.standard_normal((3, 2, 2, 3)))),
+    "maxpool_ties": (P.maxpool2, lambda rng: (rng.integers(0, 3, (1, 2, 4, 6)).astype(np.float64),)),
+    "softmax": (P.softmax, lambda rng: (rng.standard_normal((3, 5)),)),
+    "blur_pool": (P.blur_pool, lambda rng: (rng.standard_normal((6, 6)),)),
+    "dense": (P.dense, lambda rng: (rng.standard_normal((4, 5)), rng.standard_normal((5, 3)), rng.standard_normal(3))),
+}
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_kernels_equal_reference(name, rng):
+    fn, make = KERNELS[name]
+    _assert_same(fn, make(rng))
+
+
+@pytest.mark.parametrize("case", ["blur", "conv2d", "conv2d_s2", "maxpool", "avgpool", "upsample", "bilinear",
+                                  "dense", "pipeline"])
+def test_benchmark_cases_equal_reference_in_float32(case):
+    from benchmarks.cases import CASES  # (the small shapes: odd sizes, every boundary)
+    c = {c.name: c for c in CASES}[case]
+    _assert_same(c.halide_ad, c.make_inputs(small=True), rtol=2e-6)
+
+
+@pytest.mark.parametrize("case", ["blur", "conv2d_s2", "maxpool", "upsample", "bilinear", "pipeline"])
+def test_pieces_equal_reference(monkeypatch, case):
+    """Funcs and scatters cut into pieces of a few points, run on the threads."""
+    from benchmarks.cases import CASES
+    monkeypatch.setattr(vectorized, "CHUNK", 7)
+    c = {c.name: c for c in CASES}[case]
+    _assert_same(c.halide_ad, [x.astype(np.float64) for x in c.make_inputs(small=True)])
+
+
+def test_nan_and_ties_in_a_looped_max():
+    """A window max runs one tap at a time (its taps share an index with the output's variable):
+    the first of equal maxima and the first NaN win, as in the reference."""
+    x = np.array([[1.0, 3.0, 3.0, np.nan, 2.0, np.nan, -np.inf, -np.inf]])
+
+    @hd.func
+    def pool(x):
+        r = hd.rdom(2)
+        return hd.compute((1, 4), lambda i, j: hd.max(x[i, 2 * j + r]))
+
+    (fwd, _), (vfwd, _) = _both(pool, (x,))
+    for name in fwd:
+        np.testing.assert_array_equal(vfwd[name], fwd[name])
+
+
+def test_plans():
+    i, j, r, c = (hd.ir.Var(n) for n in "ijrc")
+    load = hd.ir.Load("x", (c, hd.ir.Bin(hd.ir.Op.ADD, i, r)), "float64")
+    counts = {i: 62, j: 62, r: 3, c: 32}
+    # the window's variable loops, the channel is summed by einsum
+    assert vectorized.looped_vars(vectorized.index_dims((load,)), counts, {r, c}) == {r}
+    half = hd.ir.Bin(hd.ir.Op.FLOORDIV, hd.ir.Bin(hd.ir.Op.SUB, i, hd.ir.const(1)), hd.ir.const(2))
+    assert vectorized._phases((half,), {i, j}) == {i: 2}
+
+
+@pytest.mark.parametrize("vector, runs", [
+    ([3, 4, 5, 6], [(0, 4, 1)]),
+    ([0, 0, 1, 2, 3, 3], [(0, 2, 0), (2, 5, 1), (5, 6, 1)]),
+    ([1, 0, 1, 2, 3, 2], [(0, 2, -1), (2, 5, 1), (5, 6, 1)]),
+    ([6, 4, 2], [(0, 3, -2)]),
+    ([5], [(0, 1, 1)]),
+])
+def test_runs(vector, runs):
+    vector = np.array(vector)
+    assert vectorized._runs(vector) == runs
+    rebuilt = np.concatenate([np.full(stop - first, vector[first]) if step == 0 else
+                              np.arange(12)[vectorized._piece(vector, first, stop, step)]
+                              for first, stop, step in runs])
+    np.testing.assert_array_equal(rebuilt, vector)
+
+
+def test_clamped_reads_use_an_edge_padded_copy():
+    assert vectorized._clamped(np.clip(np.arange(-1, 9), 0, 7), 8) == -1
+    assert vectorized._clamped(np.arange(0, 8), 8) is None  # a progression reads as a view already
+    assert vectorized._clamped(np.array([0, 0, 5, 7]), 8) is None
+
+
+def _work(fn, *shapes, grad=True):
+    traced, _ = as_function(fn).trace(tuple(np.zeros(s, np.float32) for s in shapes), {})
+    adjoints = reverse_mode(traced.program, traced.float_args) if grad else []
+    return vectorized_cost.work(traced.program, adjoints)
+
+
+def test_the_cost_model_counts_what_numpy_does():
+    """Element operations, from the plan: a convolution's multiply-adds go to BLAS, a window's
+    taps each cost a pass over the output, an update's steps each cost a Python step."""
+    conv = _work(P.conv2d, (8, 32, 64, 64), (32, 32, 3, 3))
+    macs = 2 * 8 * 32 * 62 * 62 * 32 * 9  # forward and the input's gradient, about
+    assert conv < macs  # (BLAS's share counts a fraction)
+    def blur(img):
+        return P.blur2d(img, "repeat_edge")
+
+    small = _work(blur, (512, 512), grad=False)
+    assert 9 * 512 * 512 <= small <= 40 * 512 * 512
+    assert _work(blur, (1024, 1024), grad=False) > 3 * small  # grows with the image
+
+    @hd.func
+    def scan(x):
+        t = hd.zeros(x.shape, x.dtype)
+        r = hd.rdom(x.shape[0] - 1)
+        t[r + 1] = t[r] * 0.5 + x[r + 1]
+        return t
+
+    assert _work(scan, (10_000,)) >= 2 * 10_000 * vectorized_cost.PYTHON_STEP
+
+
+# (first forward, first gradient) on the interpreter at the default cap, at the benchmark's shapes:
+# memory-bound gradients of 3e8 estimated operations and more took longer there than compiling
+# (a 4096^2 blur's: 2.8 s against 1.5, a nearest upsample's 5.1 against 2.0, at load 5)
+INTERPRETED = {"blur": (True, False), "conv2d": (True, True), "conv2d_s2": (True, True), "maxpool": (True, True),
+               "avgpool": (True, True), "upsample": (True, False), "bilinear": (False, False),
+               "dense": (True, True), "pipeline": (False, False)}
+
+
+def test_which_benchmark_kernels_run_their_first_calls_on_the_interpreter():
+    from benchmarks.cases import CASES
+    for case in CASES:
+        shapes = case.input_shapes(small=False)
+        chosen = tuple(_work(case.halide_ad, *shapes, grad=g) <= config.INTERPRET_MAX for g in (False, True))
+        assert chosen == INTERPRETED[case.name], case.name
