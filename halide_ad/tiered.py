@@ -13,7 +13,8 @@ What runs on the interpreter tier:
   data-dependent index where the kernels raise BoundsError), and whose work per call, in
   element operations as `runtime/vectorized_cost.py` estimates them from the interpreter's
   plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**28, below a second of numpy: beyond
-  it, compiling first costs less);
+  it, compiling first costs less). A plain call counts the gradient by every float argument
+  too, so a forward and its gradient take the same tier;
 * only while a kernel is neither compiled in this process nor in the on-disk cache: a second
   process loads machine code and runs compiled from its first call;
 * the forward and backward of one call on the same tier: a gradient never mixes the
