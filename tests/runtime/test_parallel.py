@@ -43,7 +43,9 @@ def test_more_threads_than_the_pool_allows_here():
     has fewer (NUMBA_NUM_THREADS may exceed the cores)."""
     if 3 in THREAD_COUNTS:
         pytest.skip("the 3-thread cases ran in this process")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "3threads"],
+    # (-n 0: in the child itself, not in the worker processes that pyproject's addopts would start)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", __file__, "-k",
+                           "3threads"],
                           capture_output=True, text=True, timeout=600, check=False,
                           env=os.environ | {"NUMBA_NUM_THREADS": "4"}, cwd=pathlib.Path(__file__).parents[2])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
