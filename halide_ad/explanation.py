@@ -117,7 +117,7 @@ def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:
         calls = traced.interpreted.get(key, 0)
         now = "its kernels since" if key in traced._compiled else "its kernels still compiling"
         if calls:
-            lines.append(f"{title}: {calls} call(s) on the numpy interpreter (runtime/reference.py), {now}")
+            lines.append(f"{title}: {calls} call(s) on the numpy interpreter (runtime/vectorized.py), {now}")
         elif key in traced._compiled:
             lines.append(f"{title}: compiled kernels")
     if not any(key not in (CALL, FORWARD) for key, _ in passes) and wrt not in traced._compiled:
