@@ -86,7 +86,7 @@ class Traced:
         self._compiled: set = set()        # the passes that run their kernels from now on
         self._jobs: dict = {}              # pass -> the Future compiling its kernels
         self.interpreted: dict = {}        # pass -> calls the interpreter ran
-        self._small: dict = {}             # pass -> whether the interpreter may run it
+        self._small: dict = {}             # wrt -> whether the interpreter may run its passes
 
     def _interpreting(self, key, warming) -> bool:
         """Whether this call of pass `key` runs on the interpreter: while its kernels compile in
@@ -97,14 +97,14 @@ class Traced:
             return False
         forward = key in (FORWARD, CALL)
         built = self._forwards.get(key) if forward else self._grads.get(key)
-        small = self._small.get(key)
-        if small is None:  # (reverse mode runs to count a gradient's work: once per pass)
-            # a plain call and a gradient's forward go with the gradient by every float argument: a
-            # forward interpreted while its gradient compiles first leaves the forward's kernels
-            # compiling in the background ahead of the gradient's (a 4096^2 blur's first forward
-            # and backward: 4.9 s, against 2.0 s compiling both first)
-            wrt = self.float_args if key in (CALL, FORWARD) else key
-            small = self._small[key] = tiered.interpretable(self.program, wrt)
+        # a plain call and a gradient's forward go with the gradient by every float argument: a
+        # forward interpreted while its gradient compiles first leaves the forward's kernels
+        # compiling in the background ahead of the gradient's (a 4096^2 blur's first forward and
+        # backward: 4.9 s, against 2.0 s compiling both first)
+        wrt = self.float_args if forward else key
+        small = self._small.get(wrt)
+        if small is None:  # (reverse mode runs to count a gradient's work: once per wrt)
+            small = self._small[wrt] = tiered.interpretable(self.program, wrt)
         if built is not None and built.kernel.compiled() or not small:
             self._compiled.add(key)
             return False
