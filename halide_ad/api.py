@@ -118,6 +118,8 @@ class Traced:
             self._compiled.add(key)
             return False
         self.interpreted[key] = self.interpreted.get(key, 0) + 1
+        if self.interpreted[key] == 2:  # a loop of calls: its kernels are worth building now
+            tiered.repeated()
         return True
 
     def _inputs(self, buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -215,3 +215,36 @@ def test_a_compile_runs_on_stand_ins_not_the_callers_arrays(monkeypatch):
         pytest.skip("the kernels were on disk already: no background compile")
     assert seen and all(not a.any() for inputs in seen for a in inputs.values())
     np.testing.assert_allclose(f(x), out, rtol=1e-12)
+
+
+def test_a_pass_run_again_on_the_interpreter_starts_the_compiles(monkeypatch):
+    """A loop of calls gets its kernels from its second call on, not after DEFER_MAX_S: the
+    compile of a first call is held back only for the first calls of a user's program."""
+    monkeypatch.setattr(tiered, "QUIET_S", 1e9)
+    monkeypatch.setattr(tiered, "DEFER_MAX_S", 1e9)
+    started = threading.Event()
+    with tiered.interpreting():
+        job = tiered.in_background(started.set)
+        assert not started.wait(0.3)
+        tiered.repeated()
+        job.result(timeout=600)
+    assert started.is_set()
+
+
+def test_a_second_interpreted_call_says_so(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tiered, "repeated", lambda: calls.append(1))
+    monkeypatch.setattr(tiered, "DEFER_MAX_S", 1e9)
+    monkeypatch.setattr(tiered, "QUIET_S", 1e9)
+    f = hd.func(_blur)
+    x = np.ones((5, 6))
+    f(x)
+    traced, _ = f.trace((x,), {})
+    if traced.interpreted.get(CALL, 0) == 0:
+        pytest.skip("the kernels were on disk already: no interpreter tier")
+    assert calls == []
+    f(x)
+    assert calls == [1]
+    monkeypatch.undo()
+    tiered.repeated()  # (the compile this test held back)
+    _wait(traced)
