@@ -41,10 +41,12 @@ TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
 @pytest.mark.parametrize("fn, shapes", [(_layer, [(2, 3, 8, 8), (4, 3, 3, 3), (4,)]),
                                         (_blur, [(9, 7)]),
                                         (_softmax_loss, [(5, 16), (5, 16)])])
-def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype):
+def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype, layout=None):
     f = hd.func(fn)  # a new Function: nothing compiled in this process for it yet
     rng = np.random.default_rng(1)
     args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    if layout is not None:
+        args = [layout(a) for a in args]
     traced, _ = f.trace(tuple(args), {})
     first, vjp_first = hd.vjp(f, *args)
     ct = rng.standard_normal(np.shape(first)).astype(dtype)
@@ -61,6 +63,18 @@ def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype):
     for a, b in zip(grads_first, grads_second, strict=True):
         assert a.dtype == b.dtype == dtype
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fn, shapes, layout", [
+    (_blur, [(1, 1)], None),                                    # one pixel: every tap clamps to it
+    (_layer, [(1, 3, 2, 2), (1, 3, 3, 3), (1,)], None),         # a 1x1 pooled output
+    (_blur, [(7, 9)], lambda a: a.T),                           # a transposed view
+    (_layer, [(2, 3, 8, 16), (4, 3, 3, 3), (4,)], lambda a: a[..., ::2] if a.ndim == 4 else a),
+])
+def test_the_tiers_agree_at_the_edges(fn, shapes, layout, dtype):
+    """Size 1 and arguments that are views, not C-contiguous arrays."""
+    test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype, layout)
 
 
 def test_value_and_grad_runs_both_passes_on_one_tier():
