@@ -131,10 +131,12 @@ def in_background(job) -> Future:
         return _executor.submit(lambda: _when_quiet(asked) or job())
 
 
-QUIET_S = 0.5  # a compile starts once no interpreter call has run for this long, once a pass that
-# asked for compiles runs on the interpreter again (a loop of calls: it gets its kernels one call
-# in), or at most DEFER_MAX_S after it was asked for (first calls of one new program after another)
-DEFER_MAX_S = 5.0
+QUIET_S = 0.5  # a compile starts once no interpreter call has run for this long, once a pass
+# runs on the interpreter again (a loop of calls: it gets its kernels one call in), or at the
+# latest DEFER_MAX_S after it was asked for. A first forward and backward may take seconds on a
+# busy machine: with 5 s, the pipeline's compile started during its first backward (load 13,
+# 8.4 s in all, 3.4 s without it). Until a program runs again, its kernels are not needed.
+DEFER_MAX_S = 30.0
 _repeated_at = -math.inf  # when a pass last ran on the interpreter a second time
 
 
