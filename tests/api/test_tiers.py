@@ -262,3 +262,17 @@ def test_a_second_interpreted_call_says_so(monkeypatch):
     monkeypatch.undo()
     tiered.repeated()  # (the compile this test held back)
     _wait(traced)
+
+
+def test_interpreter_calls_make_their_arrays_without_huge_pages():
+    """numpy's madvise for huge pages is off while an interpreter call runs (a first touch cost
+    4x the system time with it where the OS compacts memory on the spot), and back after."""
+    before = tiered._set_hugepages(True)
+    try:
+        with tiered.interpreting():
+            with tiered.interpreting():  # (nested and concurrent calls: the last one out restores)
+                assert tiered._set_hugepages(False) is False
+            assert tiered._set_hugepages(False) is False
+        assert tiered._set_hugepages(True) is True
+    finally:
+        tiered._set_hugepages(before)
