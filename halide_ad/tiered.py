@@ -12,7 +12,7 @@ What runs on the interpreter tier:
 * only programs whose every read is proved in range at trace time (the interpreter clips a
   data-dependent index where the kernels raise BoundsError), and whose work per call, in
   element operations as `runtime/vectorized_cost.py` estimates them from the interpreter's
-  plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**28, below a second of numpy: beyond
+  plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**30, about a second of numpy: beyond
   it, compiling first costs less). A plain call counts the gradient by every float argument
   too, so a forward and its gradient take the same tier;
 * only while a kernel is neither compiled in this process nor in the on-disk cache: a second
@@ -26,6 +26,11 @@ where float32 kernels call `runtime/vmath.py`'s (within 3 ulp). tests/api/test_t
 them to 1e-5 relative in float32 and 1e-12 in float64. HALIDE_AD_TIERED=0 turns the
 interpreter tier off: every call waits for its kernels, as a run that must repeat bits from its
 first call needs.
+
+Compiles wait while the interpreter runs a user's first calls (`_when_quiet`), which then run
+alone. The interpreter leaves the caller's arrays alone, and a compile runs its kernels on
+zeros of their shapes (`api.Traced._stand_ins`): a copy of a (16, 64, 128, 128) batch cost a
+first call ~0.1 s a pass.
 
 The background thread is not a daemon: a process finishes the compiles it started before it
 exits, so that the next process finds the kernels on disk.
@@ -44,7 +49,7 @@ import numpy as np
 from halide_ad import config
 from halide_ad.ad import reverse_mode
 from halide_ad.ir import Load, Program
-from halide_ad.runtime import reference, vectorized, vectorized_cost
+from halide_ad.runtime import buffers as memory, reference, vectorized, vectorized_cost
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import walk
 
@@ -63,12 +68,14 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
 
 def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The inputs and every Func's buffer (argindex buffers included), computed by numpy."""
+    memory.keep_freed_memory()
     return dict(inputs) | reference.evaluate(program, inputs, func=vectorized.func) | {INTERPRETED: True}
 
 
 def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
              cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """{name: gradient} for `wrt`, from `forward`'s buffers, by running reverse mode's scatters."""
+    memory.keep_freed_memory()
     return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents,
                                       scatter=vectorized.scatter)
 
@@ -79,21 +86,35 @@ _quiet = threading.Condition(_switch_lock)
 _switch_users = 0  # interpreter calls running now
 _switch_before = 0.0
 _interpreted_until = 0.0  # when the last interpreter call ended (or, while one runs, the future)
+_hugepages_before = True  # numpy's setting, while interpreter calls run
+
+
+def _set_hugepages(enabled: bool) -> bool:
+    """Whether numpy advises the OS to back its big arrays by huge pages (`madvise`), set to
+    `enabled`; returns the setting before. Where the kernel compacts memory for such a page on
+    the spot (THP `defrag` = madvise, a common default), the first touch of a fresh array cost
+    4x the system time: the nearest upsample's first forward and backward on the interpreter
+    took 1.0-1.3 s in the kernel with it, 0.3 s without (3.4 s in all against 1.5 s, load 11).
+    A first call's arrays are touched once; a training loop's come from the buffer pool."""
+    flip = getattr(getattr(np, "_core", None) or np.core, "multiarray")._set_madvise_hugepage
+    return bool(flip(enabled))
 
 
 class interpreting:
-    """Around a call that may run the interpreter (from the choice of tier, the copies for its
-    compile and the interpreter's run): compiles wait for it (`_when_quiet`), and the GIL's
+    """Around a call that may run the interpreter (from the choice of tier, the stand-ins for
+    its compile and the interpreter's run): compiles wait for it (`_when_quiet`), and the GIL's
     switch interval is short. The interpreter calls numpy hundreds of times a pass, each giving
     up the GIL, which a compiling thread then holds for up to the interval: 5 ms a call, seconds
-    a pass. The last such call out restores the interval."""
+    a pass. And numpy does not ask the OS for huge pages for the arrays made meanwhile
+    (`_set_hugepages`). The last such call out restores both."""
 
     def __enter__(self) -> None:
-        global _switch_users, _switch_before, _interpreted_until
+        global _switch_users, _switch_before, _interpreted_until, _hugepages_before
         with _switch_lock:
             if _switch_users == 0:
                 _switch_before = sys.getswitchinterval()
                 sys.setswitchinterval(min(SWITCH_S, _switch_before))
+                _hugepages_before = _set_hugepages(False)
             _switch_users += 1
             _interpreted_until = math.inf
 
@@ -103,6 +124,7 @@ class interpreting:
             _switch_users -= 1
             if _switch_users == 0:
                 sys.setswitchinterval(_switch_before)
+                _set_hugepages(_hugepages_before)
                 _interpreted_until = time.monotonic()
                 _quiet.notify_all()
 
@@ -124,24 +146,37 @@ def in_background(job) -> Future:
         return _executor.submit(lambda: _when_quiet(asked) or job())
 
 
-QUIET_S = 0.5  # a compile starts once no interpreter call has run for this long ...
-DEFER_MAX_S = 1.0  # ... or this long after it was asked for, whichever comes first: a loop of
-# calls keeps the interpreter busy, and runs on it until the kernels are built (conv2d's backward:
-# 85 ms a call on the interpreter against 9.5 ms compiled)
+QUIET_S = 0.5  # a compile starts once no interpreter call has run for this long, once a pass
+# runs on the interpreter again (a loop of calls: it gets its kernels one call in), or at the
+# latest DEFER_MAX_S after it was asked for. A first forward and backward may take seconds on a
+# busy machine: with 5 s, the pipeline's compile started during its first backward (load 13,
+# 8.4 s in all, 3.4 s without it). Until a program runs again, its kernels are not needed.
+DEFER_MAX_S = 30.0
+_repeated_at = -math.inf  # when a pass last ran on the interpreter a second time
+
+
+def repeated() -> None:
+    """A pass ran on the interpreter again: the compiles asked for so far start now (`_when_quiet`).
+    Left to wait out DEFER_MAX_S instead, a loop ran on the interpreter until then (conv2d's
+    backward: 85 ms a call on the interpreter against 9.5 ms compiled)."""
+    global _repeated_at
+    with _switch_lock:
+        _repeated_at = time.monotonic()
+        _quiet.notify_all()
 
 
 def _when_quiet(asked: float) -> None:
-    """Wait until no interpreter call has run for QUIET_S, at most until DEFER_MAX_S after
-    `asked`. A compile holds the GIL for most of its seconds and a core of two: run beside the
-    interpreter, it slowed a first forward and backward that take 1 s of CPU time to 18 s (a
-    nearest upsample of (16, 64, 128, 128), load 14; 3.4 s without it). A user's first calls,
-    one after another, then run alone, and a loop of calls with no pause gets its kernels after
-    DEFER_MAX_S and the compile."""
+    """Wait until no interpreter call has run for QUIET_S, until a pass runs on the interpreter a
+    second time (`repeated`), at most until DEFER_MAX_S after `asked`. A compile holds the GIL
+    for most of its seconds and a core of two: run beside the interpreter, it slowed a first
+    forward and backward that take 1 s of CPU time to 18 s (a nearest upsample of (16, 64, 128,
+    128), load 14; 3.4 s without it), and 0.97 s to 4.2 s at load 8 (at 6b8a424). A user's first
+    calls, one after another, then run alone."""
     with _switch_lock:
         while True:
             now = time.monotonic()
             wait = min(asked + DEFER_MAX_S, _interpreted_until + QUIET_S) - now
-            if wait <= 0 or (_switch_users == 0 and now - _interpreted_until >= QUIET_S):
+            if wait <= 0 or _repeated_at >= asked or (_switch_users == 0 and now - _interpreted_until >= QUIET_S):
                 return
             _quiet.wait(wait)
 
@@ -162,4 +197,4 @@ if hasattr(os, "register_at_fork"):  # a forked child has no compiling thread
     os.register_at_fork(after_in_child=_forget_executor)
 
 
-__all__ = ["INTERPRETED", "backward", "forward", "in_background", "interpretable", "interpreting", "settle"]
+__all__ = ["INTERPRETED", "backward", "forward", "in_background", "interpretable", "interpreting", "repeated", "settle"]

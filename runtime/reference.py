@@ -296,8 +296,9 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
                 if adjoint.buffer not in cotangents:
                     raise ValueError(f"no cotangent for output {adjoint.buffer}")
                 seed = np.asarray(cotangents[adjoint.buffer]).reshape(adjoint.shape)
-                if adj is None:
-                    adj = np.array(seed, adjoint.dtype)
+                if adj is None:  # (read only where nothing scatters into it: a copy of a big cotangent
+                    # is a first call's cost)
+                    adj = np.array(seed, adjoint.dtype, copy=None if not adjoint.scatters else True)
                 else:
                     adj += seed
             elif adj is None:

@@ -41,10 +41,12 @@ TOLERANCE = {np.float32: 1e-5, np.float64: 1e-12}
 @pytest.mark.parametrize("fn, shapes", [(_layer, [(2, 3, 8, 8), (4, 3, 3, 3), (4,)]),
                                         (_blur, [(9, 7)]),
                                         (_softmax_loss, [(5, 16), (5, 16)])])
-def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype):
+def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype, layout=None):
     f = hd.func(fn)  # a new Function: nothing compiled in this process for it yet
     rng = np.random.default_rng(1)
     args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    if layout is not None:
+        args = [layout(a) for a in args]
     traced, _ = f.trace(tuple(args), {})
     first, vjp_first = hd.vjp(f, *args)
     ct = rng.standard_normal(np.shape(first)).astype(dtype)
@@ -61,6 +63,18 @@ def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype):
     for a, b in zip(grads_first, grads_second, strict=True):
         assert a.dtype == b.dtype == dtype
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("fn, shapes, layout", [
+    (_blur, [(1, 1)], None),                                    # one pixel: every tap clamps to it
+    (_layer, [(1, 3, 2, 2), (1, 3, 3, 3), (1,)], None),         # a 1x1 pooled output
+    (_blur, [(7, 9)], lambda a: a.T),                           # a transposed view
+    (_layer, [(2, 3, 8, 16), (4, 3, 3, 3), (4,)], lambda a: a[..., ::2] if a.ndim == 4 else a),
+])
+def test_the_tiers_agree_at_the_edges(fn, shapes, layout, dtype):
+    """Size 1 and arguments that are views, not C-contiguous arrays."""
+    test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype, layout)
 
 
 def test_value_and_grad_runs_both_passes_on_one_tier():
@@ -177,3 +191,88 @@ def test_compiles_wait_while_the_interpreter_runs(monkeypatch):
         assert not started.wait(0.3)  # held back while the interpreter runs
     job.result(timeout=600)
     assert started.is_set() and sys.getswitchinterval() == before
+
+
+def test_the_interpreter_leaves_the_arguments_and_cotangents_alone():
+    # its seeds are the cotangents themselves (a copy of a big one cost a first call ~0.1 s)
+    # where nothing scatters into them: here `y` is an output that `z` reads as well
+    @hd.func
+    def two(x):
+        y = hd.compute(x.shape, lambda i: x[i] * 2)
+        return y, hd.compute(x.shape, lambda i: y[i] * y[i])
+
+    x = np.arange(1.0, 6.0)
+    cts = (np.ones(5), np.full(5, 3.0))
+    kept = [a.copy() for a in (x, *cts)]
+    (y, z), vjp = hd.vjp(two, x)
+    (gx,) = vjp(cts)
+    for a, b in zip((x, *cts), kept, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(gx, 2 * cts[0] + 8 * x * cts[1], rtol=1e-12)
+
+
+def test_a_compile_runs_on_stand_ins_not_the_callers_arrays(monkeypatch):
+    f = hd.func(_blur)
+    x = np.random.default_rng(4).standard_normal((6, 5))
+    seen = []
+    forward_run = type(f.trace((x,), {})[0]).forward_run
+
+    def spy(self, key="forward"):
+        run = forward_run(self, key)
+        return lambda inputs: seen.append({k: np.array(v) for k, v in inputs.items()}) or run(inputs)
+
+    monkeypatch.setattr(type(f.trace((x,), {})[0]), "forward_run", spy)
+    traced, _ = f.trace((x,), {})
+    out = f(x)
+    _wait(traced)
+    if traced.interpreted.get(CALL, 0) == 0:
+        pytest.skip("the kernels were on disk already: no background compile")
+    assert seen and all(not a.any() for inputs in seen for a in inputs.values())
+    np.testing.assert_allclose(f(x), out, rtol=1e-12)
+
+
+def test_a_pass_run_again_on_the_interpreter_starts_the_compiles(monkeypatch):
+    """A loop of calls gets its kernels from its second call on, not after DEFER_MAX_S: the
+    compile of a first call is held back only for the first calls of a user's program."""
+    monkeypatch.setattr(tiered, "QUIET_S", 1e9)
+    monkeypatch.setattr(tiered, "DEFER_MAX_S", 1e9)
+    started = threading.Event()
+    with tiered.interpreting():
+        job = tiered.in_background(started.set)
+        assert not started.wait(0.3)
+        tiered.repeated()
+        job.result(timeout=600)
+    assert started.is_set()
+
+
+def test_a_second_interpreted_call_says_so(monkeypatch):
+    calls = []
+    monkeypatch.setattr(tiered, "repeated", lambda: calls.append(1))
+    monkeypatch.setattr(tiered, "DEFER_MAX_S", 1e9)
+    monkeypatch.setattr(tiered, "QUIET_S", 1e9)
+    f = hd.func(_blur)
+    x = np.ones((5, 6))
+    f(x)
+    traced, _ = f.trace((x,), {})
+    if traced.interpreted.get(CALL, 0) == 0:
+        pytest.skip("the kernels were on disk already: no interpreter tier")
+    assert calls == []
+    f(x)
+    assert calls == [1]
+    monkeypatch.undo()
+    tiered.repeated()  # (the compile this test held back)
+    _wait(traced)
+
+
+def test_interpreter_calls_make_their_arrays_without_huge_pages():
+    """numpy's madvise for huge pages is off while an interpreter call runs (a first touch cost
+    4x the system time with it where the OS compacts memory on the spot), and back after."""
+    before = tiered._set_hugepages(True)
+    try:
+        with tiered.interpreting():
+            with tiered.interpreting():  # (nested and concurrent calls: the last one out restores)
+                assert tiered._set_hugepages(False) is False
+            assert tiered._set_hugepages(False) is False
+        assert tiered._set_hugepages(True) is True
+    finally:
+        tiered._set_hugepages(before)

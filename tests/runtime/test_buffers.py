@@ -60,3 +60,30 @@ def test_gradients_the_caller_keeps_are_not_overwritten_by_the_next_call():
         again = f_vjp(np.full_like(out, k + 2.0))[0]
         np.testing.assert_array_equal(first, kept)
         np.testing.assert_allclose(again, (k + 2.0) * kept, rtol=1e-12)
+
+
+_TEMPORARIES = """
+import resource, sys
+import numpy as np
+from halide_ad.runtime import buffers
+kept = sys.argv[1] == "1" and buffers.keep_freed_memory()
+faults = []
+for _ in range(6):  # four 6 MiB temporaries at a time, as the interpreter's pieces make them
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    arrays = [np.ones(3 << 19, np.float32) for _ in range(4)]
+    del arrays
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(int(kept), sum(faults[2:]))
+"""
+
+
+def test_freed_temporaries_are_not_mapped_again():
+    """keep_freed_memory: numpy's temporaries of a few MiB, freed and allocated again, reuse
+    the memory malloc kept instead of faulting in fresh pages (a fresh process by default did)."""
+    import subprocess
+    import sys
+    out = [subprocess.run([sys.executable, "-c", _TEMPORARIES, flag], capture_output=True, text=True, check=True,
+                          timeout=120).stdout.split() for flag in ("0", "1")]
+    if out[1][0] == "0":
+        pytest.skip("malloc is not glibc's")
+    assert int(out[1][1]) < 64 < int(out[0][1])

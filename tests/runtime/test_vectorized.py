@@ -162,17 +162,15 @@ def test_the_cost_model_counts_what_numpy_does():
     assert _work(scan, (10_000,)) >= 2 * 10_000 * vectorized_cost.PYTHON_STEP
 
 
-# (first forward, first gradient) on the interpreter at the default cap, at the benchmark's shapes:
-# memory-bound gradients of 3e8 estimated operations and more took longer there than compiling
-# (a 4096^2 blur's: 2.8 s against 1.5, a nearest upsample's 5.1 against 2.0, at load 5)
-INTERPRETED = {"blur": (True, False), "conv2d": (True, True), "conv2d_s2": (True, True), "maxpool": (True, True),
-               "avgpool": (True, True), "upsample": (True, False), "bilinear": (False, False),
-               "dense": (True, True), "pipeline": (False, False)}
+# whether a first call (forward and gradient: one tier for both) runs on the interpreter at the
+# default cap, at the benchmark's shapes: all but the bilinear resize's (~2.5 s of numpy against
+# a compile of 3.5-4 s in a fresh process, at load 8 at 6b8a424: too close to call either way)
+INTERPRETED = {"blur": True, "conv2d": True, "conv2d_s2": True, "maxpool": True, "avgpool": True,
+               "upsample": True, "bilinear": False, "dense": True, "pipeline": True}
 
 
 def test_which_benchmark_kernels_run_their_first_calls_on_the_interpreter():
     from benchmarks.cases import CASES
     for case in CASES:
-        shapes = case.input_shapes(small=False)
-        chosen = tuple(_work(case.halide_ad, *shapes, grad=g) <= config.INTERPRET_MAX for g in (False, True))
+        chosen = _work(case.halide_ad, *case.input_shapes(small=False)) <= config.INTERPRET_MAX
         assert chosen == INTERPRETED[case.name], case.name
