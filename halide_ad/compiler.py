@@ -185,7 +185,9 @@ def _show_piece(new_vars, piece) -> str:
 
 def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, list[AdjointPlan]]:
     """Loop-nest adjoints share numba functions; an adjoint with BLAS contributions ends one, and
-    its contractions are added after the loop nest has written the rest."""
+    its contractions are added after the loop nest has written the rest. A sum of one array (a
+    bias's gradient) that the row group before it can fold (`_summed_rows`) stays in that
+    function instead. The plans returned are as computed (a folded sum's, its gather)."""
     plans = plan_gradient(program, wrt)
     scanned = {adjoint_name(p.adjoint.scan.update.name) for p in plans if p.adjoint.scan is not None}
     private = _private_adjoints(program, plans, wrt) - scanned  # an update's backward run reads them whole
@@ -194,22 +196,27 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
                         for p in plans if p.adjoint.buffer not in named)
     steps, sources, segment, scratch = [], [], [], []
 
-    def flush():
+    def flush(optional: frozenset[str] = frozenset()) -> frozenset[str]:
+        """The segment's kernel; the adjoints of `optional` it left out (`emit_backward`)."""
+        left = frozenset()
         if any(p.contributions and not p.inlined for p in segment):
             entry = f"backward{len(sources)}"
             mine = private & {adjoint_name(p.adjoint.buffer) for p in segment}
             key = ("emit_backward", program, tuple(segment), entry, tuple(sorted(mine)),
-                   temporaries, codegen_settings())  # scheduling asks z3 too
+                   temporaries, tuple(sorted(optional)), codegen_settings())  # scheduling asks z3 too
             emit = functools.partial(emit_backward, program, list(segment), entry, frozenset(mine),
-                                     temporaries)
+                                     temporaries, optional)
             unknowns = z3_bridge.unknown_answers()
-            source, params, checks, own = disk_cache.cached(key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
+            source, params, checks, own, left = disk_cache.cached(
+                key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
             scratch.extend(own)
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
             sources.append(source)
         segment.clear()
+        return left
 
-    for plan in plans:
+    reported = list(plans)  # as computed: a folded sum as its gather (hd.explain)
+    for k, plan in enumerate(plans):
         if plan.adjoint.scan is not None:  # an update run backwards: runtime/updates.py
             flush()
             entry = f"backward{len(sources)}"
@@ -221,6 +228,13 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
         if not blas:
             segment.append(plan)
             continue
+        name = adjoint_name(plan.adjoint.buffer)
+        if segment and _summed_rows(plan, blas):  # in the kernel before, if it folds there
+            segment.append(replace(plan, contributions=tuple(c.inverse for c in blas)))
+            gathered = segment[-1]
+            if name not in flush(frozenset({name})):
+                reported[k] = gathered
+                continue
         rest = replace(plan, contributions=tuple(c for c in plan.contributions if not isinstance(c, Contraction)))
         if rest.contributions:
             segment.append(rest)
@@ -228,10 +242,18 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
         else:
             init = "ct_" + plan.adjoint.buffer if plan.adjoint.seeded else "zeros"
         flush()
-        steps.append(ContractionStep(adjoint_name(plan.adjoint.buffer), init, blas))
+        steps.append(ContractionStep(name, init, blas))
         sources.append("".join(f"# {c.formula}  ({c.engine}{_calls(c)})\n" for c in blas))
     flush()
-    return Kernel(steps, "\n".join(sources), tuple(scratch)), plans
+    return Kernel(steps, "\n".join(sources), tuple(scratch)), reported
+
+
+def _summed_rows(plan: AdjointPlan, blas: tuple[Contraction, ...]) -> bool:
+    """Whether every contribution of `plan` is a sum of one array (a bias's gradient, numpy's sum
+    after the kernels): the kernel before may fold such a sum over its rows into its row group
+    (`emit_backward`'s `optional`), as it reads them, instead of one more pass over them."""
+    return (len(blas) == len(plan.contributions) and not plan.adjoint.seeded
+            and all(c.b is None and not c.padded and isinstance(c.inverse, Gather) for c in blas))
 
 
 def _calls(c: Contraction) -> str:

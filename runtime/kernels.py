@@ -122,11 +122,15 @@ def _phased(em: Emitter, f: Func, split: Split) -> Stmt:
 
 
 def emit_backward(program: Program, plans, entry: str, private: frozenset[str] = frozenset(),
-                  temporaries: tuple[tuple[str, tuple[int, ...]], ...] = ()
-                  ) -> tuple[str, list[str], list[str], tuple[Buffer, ...]]:
+                  temporaries: tuple[tuple[str, tuple[int, ...]], ...] = (), optional: frozenset[str] = frozenset()
+                  ) -> tuple[str, list[str], list[str], tuple[Buffer, ...], frozenset[str]]:
     """The source of `backward(...)`: one gather loop nest per adjoint, then fallback scatters;
-    its parameters, its run-time checks, and the buffers of its own that a run allocates (a row
-    group's partial column sums, `column_parts`).
+    its parameters, its run-time checks, the buffers of its own that a run allocates (a row
+    group's partial column sums, `column_parts`), and the adjoints of `optional` it left out.
+
+    `optional` names adjoints (a bias's gradient, a sum over rows that numpy would run after the
+    kernel, one more pass over them) that the kernel computes only where they fold into a row
+    group's column sums; the others it leaves out, for the caller to compute.
 
     `plans` are `AdjointPlan`s in order (outputs first), each adjoint's contributions inverted.
     `private` names the adjoints that only the next plan reads: such a pair may run one plane at
@@ -140,9 +144,14 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     computed = [p for p in plans if p.contributions and not p.inlined]
     shapes |= {"ct_" + p.adjoint.buffer: p.adjoint.shape for p in computed if p.adjoint.seeded}
-    em = Emitter(shapes)
     gathers = [[c for c in p.contributions if isinstance(c, Gather)] for p in computed]
     splits = [interior(p.new_vars, p.adjoint.shape, gs) for p, gs in zip(computed, gathers, strict=True)]
+    terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
+    left = optional - _folded(computed, splits, gathers, terms, private) if optional else frozenset()
+    if left:
+        kept = [p for p in plans if adjoint_name(p.adjoint.buffer) not in left]
+        return (*emit_backward(program, kept, entry, private, temporaries)[:4], left)
+    em = Emitter(shapes)
 
     def nest(k: int, opened: int = 0, read=None) -> Stmt:
         """Adjoint k's loop nest, inside `opened` loops already open; only the `read` box of it
@@ -179,17 +188,14 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
         return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
 
-    terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
     scratch: list[Buffer] = []
     k = 0
     while k < len(computed):
         plan = computed[k]
         name = adjoint_name(plan.adjoint.buffer)
         em.put(Comment(f"{name}: {len(plan.contributions)} contribution(s)"))
-        # (HALIDE_AD_SKIP=fuse_rows leaves the forward's row groups and these out)
-        count, depth = (0, 0) if config.skipped("fuse_rows") else row_group(computed, splits, gathers, terms, k, private)
+        count, depth, after = _row_group_at(computed, splits, gathers, terms, k, private)
         if count:
-            after = range(k + count, k + count + column_parts(computed, gathers, range(k, k + count), depth))
             em.put(_row_group(em, computed, range(k, k + count), depth,
                               lambda m: stage_depth(computed, splits, gathers, m, private), nest,
                               [(computed[m], gathers[m]) for m in after], scratch))
@@ -202,7 +208,26 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             continue
         em.put(nest(k), *(scatter(s, name, plan.adjoint.dtype) for s in plan.contributions if not isinstance(s, Gather)))
         k += 1
-    return _function(em, entry), list(em.used), em.checks, tuple(scratch)
+    return _function(em, entry), list(em.used), em.checks, tuple(scratch), frozenset()
+
+
+def _row_group_at(computed, splits, gathers, terms, k: int, private) -> tuple[int, int, range]:
+    """The row group that starts at adjoint k (its size and depth, 0 for none) and the adjoints
+    after it that fold into it (`column_parts`)."""
+    # (HALIDE_AD_SKIP=fuse_rows leaves the forward's row groups and these out)
+    count, depth = (0, 0) if config.skipped("fuse_rows") else row_group(computed, splits, gathers, terms, k, private)
+    start = k + count
+    return count, depth, range(start, start + (column_parts(computed, gathers, range(k, start), depth) if count else 0))
+
+
+def _folded(computed, splits, gathers, terms, private) -> set[str]:
+    """The adjoints that fold into a row group's column sums, as `emit_backward` walks them."""
+    folded, k = set(), 0
+    while k < len(computed):
+        count, _, after = _row_group_at(computed, splits, gathers, terms, k, private)
+        folded |= {adjoint_name(computed[m].adjoint.buffer) for m in after}
+        k = after.stop if count else k + (2 if stage_depth(computed, splits, gathers, k, private) else 1)
+    return folded
 
 
 def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,

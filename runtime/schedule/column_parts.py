@@ -8,6 +8,10 @@ over (4096, 1024) float32, on one thread). Folded, block b adds its rows in orde
 float64 buffer of the kernel's own, and the blocks' rows are added in order after the group: the
 blocks depend on the row count alone, so the result does not depend on the thread count. The
 order of the terms is not that of the pass after the group: the bits of such a gradient change.
+
+A bias's gradient (`adj_b[j] += adj_y[i, j]`, layer norm's shift) is routed to numpy's sum, a
+pass after the kernel (~0.55 ms over (4096, 1024) float32); the compiler offers its gather to
+the kernel before it (`emit_backward`'s `optional`), which keeps it where it folds here.
 """
 from __future__ import annotations
 

@@ -267,16 +267,21 @@ def test_rows_split_into_fixed_blocks():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_layer_norm_gain_gradient_folds_into_the_row_group(monkeypatch, dtype):
-    """The gain's gradient sums over 256 rows: 4 blocks of 64 inside the row group, combined in
-    order. Against PyTorch, the pass after the group (HALIDE_AD_SKIP=column_parts), and one
-    thread against two (the same bits)."""
+    """The gain's and the shift's gradients sum over 256 rows: 4 blocks of 64 inside the row
+    group, combined in order (the shift's, a sum of one array, would otherwise be numpy's, after
+    the kernel). Against PyTorch, the passes after the group (HALIDE_AD_SKIP=column_parts), and
+    one thread against two (the same bits)."""
     import numba
     monkeypatch.setenv("HALIDE_AD_TIERED", "0")
     monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
     args = _inputs("layer_norm", (256, 24), dtype, False)
     ct = np.random.default_rng(2).standard_normal((256, 24)).astype(dtype)
     fn = _fresh(OPS["layer_norm"][0])
-    assert "adj_arg1_parts" in hd.explain(fn, *args).backward_source
+    explained = hd.explain(fn, *args)
+    assert "adj_arg1_parts" in explained.backward_source and "adj_arg2_parts" in explained.backward_source
+    assert "(numpy" not in explained.backward_source
+    (shift,) = [c for c in explained.contributions if c.buffer == "arg2"]
+    assert "computed by" not in shift.formula, shift.formula
     _, grads = _run(fn, args, ct)
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
@@ -287,7 +292,8 @@ def test_layer_norm_gain_gradient_folds_into_the_row_group(monkeypatch, dtype):
     assert all(g.tobytes() == h.tobytes() for g, h in zip(grads, one, strict=True))
     monkeypatch.setenv("HALIDE_AD_SKIP", "column_parts")
     fn_apart = _fresh(OPS["layer_norm"][0])
-    assert "_parts" not in hd.explain(fn_apart, *args).backward_source
+    apart_source = hd.explain(fn_apart, *args).backward_source
+    assert "_parts" not in apart_source and "(numpy" in apart_source
     _, apart = _run(fn_apart, args, ct)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for g, h in zip(grads, apart, strict=True):

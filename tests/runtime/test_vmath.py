@@ -105,7 +105,25 @@ def test_pow_accuracy_and_special_values():
             _compare(out, np.power(a.astype(np.float64), b.astype(np.float64)), np.stack([a, b], 1), "pow")
 
 
-@pytest.mark.parametrize("name", ["exp", "tanh", "log", "erf"])
+@njit(nogil=True, error_model="numpy")
+def _sigmoid_through_exp(out, x):
+    for i in range(x.size):
+        e = vmath.exp_f32(-np.abs(x[nonneg(i)]))
+        out[nonneg(i)] = (np.float32(1) if x[nonneg(i)] >= 0 else e) / (np.float32(1) + e)
+
+
+def test_sigmoid_gives_the_bits_of_its_formula_through_exp():
+    """sigmoid forms exp(-|x|) scaled by 2**65 (a normal float where the result underflows):
+    the same bits as e = exp(-|x|), e / (1 + e), subnormal results and special values too."""
+    x = np.concatenate([_sweep("sigmoid"), np.linspace(-104.5, -86, 100_001, dtype=np.float32), SPECIAL])
+    got, want = np.empty_like(x), np.empty_like(x)
+    _LOOPS["sigmoid"](got, x)
+    _sigmoid_through_exp(want, x)
+    np.testing.assert_array_equal(got.view(np.int32)[~np.isnan(x)], want.view(np.int32)[~np.isnan(x)])
+    assert np.isnan(got[np.isnan(x)]).all()
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh", "log", "erf", "sigmoid"])
 def test_loops_vectorize(name):
     """A loop over the function becomes vector instructions, with contiguous loads (no gathers),
     and the fused multiply-adds of exp, tanh and erf stay fused in vectors."""
