@@ -15,6 +15,10 @@ the GIL, its arrays are marked as not aliasing one another (every buffer a kerne
 own allocation), and division follows numpy (x / 0 is inf or nan, not an exception). Without
 noalias LLVM must assume a store may change what the next load reads: a 3x3 blur's loop ran 4x
 slower, unvectorized; the error checks of Python's division cost the bilinear gradient ~10%.
+It also skips what of numba's a generated loop function never uses, with the machine code
+unchanged: numba's IR rewrites (array expressions, constant raises and getitems; each rewrite
+pass re-derives every variable's lifetime, a cost that grows faster than the function), the pass
+that inlines closures, and the C-callable wrapper that only first-class function values need.
 """
 from __future__ import annotations
 
@@ -30,12 +34,15 @@ import threadpoolctl
 from numba import njit
 from numba.extending import intrinsic
 
-try:  # numba's internals, for the two additions below (`_noalias`, `_lean_cache`)
+try:  # numba's internals, for the additions below (`_noalias`, `_lean_cache`, `_kernel_pipeline`)
     from numba.core import cpu, options
     from numba.core.caching import FunctionCache
+    from numba.core.compiler import CompilerBase, DefaultPassBuilder
+    from numba.core.compiler_machinery import PassManager
     from numba.core.runtime import nrt
+    from numba.core.untyped_passes import InlineClosureLikes
 except ImportError:  # a later numba moved them: kernels stay correct, and lose only those additions
-    cpu = options = FunctionCache = nrt = None
+    cpu = options = FunctionCache = nrt = CompilerBase = None
 
 CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
@@ -326,7 +333,27 @@ def _lean_cache():
     return LeanCache
 
 
-_compile = njit(cache=True, nogil=True, error_model="numpy", **_noalias())
+def _kernel_pipeline() -> dict:
+    """numba's nopython pipeline less the pass that inlines closures, which a generated kernel
+    never defines: the pass's scope fix-up costs time that grows with the square of a function's
+    size (~10% of a small conv layer's 340-line gradient)."""
+    if CompilerBase is None:
+        return {}
+
+    class KernelCompiler(CompilerBase):
+        def define_pipelines(self):
+            lean = PassManager("halide_ad kernel")
+            for pass_class, description in DefaultPassBuilder.define_nopython_pipeline(self.state).passes:
+                if pass_class is not InlineClosureLikes:
+                    lean.add_pass(pass_class, description)
+            lean.finalize()
+            return [lean]
+
+    return {"pipeline_class": KernelCompiler}
+
+
+_compile = njit(cache=True, nogil=True, error_model="numpy", no_rewrites=True, no_cfunc_wrapper=True,
+                **_noalias(), **_kernel_pipeline())
 _LeanCache = _lean_cache()
 
 

@@ -44,8 +44,8 @@ def _inputs(case: str, dtype, strided: bool):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 3, 10, 24 if strided else 12)).astype(dtype)
     x = x[..., ::2] if strided else x  # a non-contiguous input: every other column
-    w = rng.standard_normal((4, 3, 3, 3)).astype(dtype)
-    b = rng.standard_normal(4).astype(dtype)
+    w = rng.standard_normal((2, 3, 3, 3)).astype(dtype)
+    b = rng.standard_normal(2).astype(dtype)
     return (x, w, b)[:CASES[case][2]]
 
 
