@@ -130,6 +130,8 @@ def _compute(e: Expr, env: Env) -> Value:
             out = Value(np.asarray(env.fixed[e]), ()) if e in env.fixed else Value(env.axes[e].values(), (e,))
         case Load():
             out = _load(e, env)
+        case Bin(Op.MUL, _, _) if len(factors := product_factors(e, dtype)) > 2:
+            out = _product([_eval(f, env) for f in factors], dtype, env)
         case Bin(op, lhs, rhs):
             a, b = _eval(lhs, env), _eval(rhs, env)
             if op not in COMPARISONS:  # compute in the result dtype, as the reference does
@@ -146,6 +148,17 @@ def _compute(e: Expr, env: Env) -> Value:
         case _:
             raise InternalError(f"the vectorized interpreter cannot evaluate {e!r}")
     return Value(out.array.astype(dtype, copy=False), out.axes)
+
+
+def _product(values: list[Value], dtype: str, env: Env) -> Value:
+    """The product of `values` in `dtype`, the smaller ones first: a scatter's weights along i and
+    along j multiply each other, then the image once (one full-size product, not two). It rounds
+    as the reassociated product does, within an ulp or two of the reference's order."""
+    ordered = sorted((Value(v.array.astype(dtype, copy=False), v.axes) for v in values), key=lambda v: v.array.size)
+    total = ordered[0]
+    for v in ordered[1:]:
+        total = _apply(np.multiply, [total, v], env)
+    return total
 
 
 PAD_MAX = 64  # the most entries a clamped read may clip at one end, to read from an edge-padded copy

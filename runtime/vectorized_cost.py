@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 
-from halide_ad.ir import Call, Const, Func, Program, Reduce, Scatter, Update, Var, dtype_of
+from halide_ad.ir import Bin, Call, Const, Expr, Func, Op, Program, Reduce, Scatter, Update, Var, dtype_of
 from halide_ad.runtime import reference
 from halide_ad.runtime.vectorized import CHUNK, product_factors, index_dims, looped_vars
-from halide_ad.traverse import free_vars, walk
+from halide_ad.traverse import children, free_vars
 
 PYTHON_STEP = 2000  # element operations that one numpy call from Python costs, about (~5 us)
 BLAS_MACS = 16  # multiply-adds that BLAS does in the time of one numpy element operation, about
@@ -78,13 +78,34 @@ def _expr_work(exprs, counts: dict[Var, int], looped: set[Var], pieces: int, con
         calls += 1
         roots = list(contracted) + roots[1:]
     for e in roots:
-        for n in walk(e) if e is not None else ():
-            if isinstance(n, (Const, Var)):
-                continue
-            ops += math.prod(free[v] for v in free_vars(n) if v in free) * (
-                SLOW_CALLS.get(n.fn, 1) if isinstance(n, Call) else 1)
+        for n, points in _operations(e, free) if e is not None else ():
+            ops += points * (SLOW_CALLS.get(n.fn, 1) if isinstance(n, Call) else 1)
             calls += 1
     return math.prod(counts[v] for v in looped) * (ops + calls * PYTHON_STEP * pieces)
+
+
+def _operations(e: Expr, free: dict[Var, int]):
+    """(node, points) for each numpy operation that evaluating `e` runs: a node costs the
+    points of the varying variables it depends on; a product chain multiplies its factors
+    smallest first (`vectorized._product`), each step the points of the factors so far."""
+    def points(variables) -> int:
+        return math.prod(free[v] for v in variables if v in free)
+
+    if isinstance(e, (Const, Var)):
+        return
+    factors = product_factors(e, dtype_of(e)) if isinstance(e, Bin) and e.op == Op.MUL else []
+    if len(factors) > 2:
+        for f in factors:
+            yield from _operations(f, free)
+        seen: set[Var] = set()
+        for k, f in enumerate(sorted(factors, key=lambda f: points(free_vars(f)))):
+            seen |= free_vars(f)
+            if k:
+                yield e, points(seen)
+        return
+    yield e, points(free_vars(e))
+    for c in children(e):
+        yield from _operations(c, free)
 
 
 __all__ = ["work"]

@@ -86,6 +86,35 @@ def test_pieces_equal_reference(monkeypatch, case):
     _assert_same(c.halide_ad, [x.astype(np.float64) for x in c.make_inputs(small=True)])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, layout", [
+    ((1, 1, 1, 1), None),                        # one pixel: both taps of every row clamp to it
+    ((1, 2, 2, 3), None),                        # (i - 1) // 2 clamps at 0, (i + 1) // 2 at the last row
+    ((2, 1, 3, 5), lambda a: a.transpose(0, 1, 3, 2)),  # a transposed view
+    ((1, 2, 4, 10), lambda a: a[..., 1::2]),     # a strided view
+])
+def test_bilinear_resize_at_the_edges(shape, layout, dtype):
+    """The bilinear gradient's scatters: weights along i and j multiplied first, then the
+    cotangent (`vectorized._product`), each clamped index summed into the edge rows."""
+    from benchmarks.cases import resize_bilinear2x
+    x = np.random.default_rng(3).standard_normal(shape).astype(dtype)
+    _assert_same(resize_bilinear2x, ((layout or np.asarray)(x),), rtol=2e-6 if dtype == np.float32 else 1e-12)
+
+
+def test_a_product_multiplies_its_small_factors_first():
+    """x[c, i, j] * a[i] * b[j]: a[i] * b[j] is an outer product of n**2 points, then one pass
+    over the c n**2 points of x, not two; the cost model counts the same."""
+    @hd.func
+    def weighted(x, a, b):
+        return hd.compute(x.shape, lambda c, i, j: x[c, i, j] * a[i] * b[j])
+
+    c, n = 16, 128
+    assert _work(weighted, (c, n, n), (n,), (n,), grad=False) < 4 * c * n * n  # load, product, write: 3, not 4
+    (fwd, _), (vfwd, _) = _both(weighted, [np.full((2, 3, 4), 1e10), np.full(3, 1e300), np.full(4, 1e-300)])
+    out = next(iter(fwd))
+    assert np.isinf(fwd[out]).all() and np.isfinite(vfwd[out]).all()  # reassociated: rounds apart
+
+
 def test_nan_and_ties_in_a_looped_max():
     """A window max runs one tap at a time (its taps share an index with the output's variable):
     the first of equal maxima and the first NaN win, as in the reference."""
