@@ -17,7 +17,7 @@ sums, in three other ways:
   the runs of a clamped index first (`np.add.reduceat`), and else groups with `np.add.at`.
 
 Update definitions and their reverse scans stay with the reference interpreter, which runs
-everything else through `func` and `scatter` here. `vectorized_cost.work` estimates what a program
+everything else through `func` and `scatter` here. `vectorized_cost.passes` estimates what a program
 costs here, from the same plans, for `halide_ad.tiered` to choose a tier by.
 """
 from __future__ import annotations

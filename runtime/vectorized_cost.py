@@ -1,7 +1,7 @@
 """The interpreter tier's cost model: what `vectorized.py` takes to run a program, in numpy's element
 operations, estimated from the plans it runs by (which variables loop, which sums go to BLAS),
 without running anything. `halide_ad.tiered` runs a program's first calls on the interpreter
-when this is at most HALIDE_AD_INTERPRET_MAX.
+when each pass's (the forward's, the gradient's) is at most HALIDE_AD_INTERPRET_MAX.
 
 Calibration, measured at the commit that added it on the 2-core development machine (under load):
 the nine kernel cases of `python -m benchmarks` at their benchmark shapes ran their forward and
@@ -21,21 +21,22 @@ BLAS_MACS = 16  # multiply-adds that BLAS does in the time of one numpy element 
 SLOW_CALLS = {"erf": 50}  # numpy has no erf: the reference calls math.erf per element
 
 
-def work(program: Program, adjoints) -> int:
-    """The element operations that `func` and `scatter` (and the reference, for updates) take to
-    run `program`'s Funcs and the Scatters of `adjoints`, estimated from the same plans: each
-    node of an expression costs the size of the varying variables it depends on, once per loop
-    point, plus PYTHON_STEP per numpy call; a sum of products costs its multiply-adds / BLAS_MACS."""
-    total = 0
-    updates = [f for f in program.funcs if isinstance(f, Update)] + [a.scan.update for a in adjoints if a.scan]
-    for u in updates:  # the reference steps through the rdom in Python, each step over the pure points
-        total += 2 * math.prod(r.hi - r.lo for r in u.rdom) * (PYTHON_STEP + math.prod(r.hi - r.lo for r in u.pure))
-    for f in program.funcs:
-        if isinstance(f, Func):
-            total += _func_work(f)
-    for a in adjoints:
-        total += math.prod(a.shape) + sum(_scatter_work(s) for s in a.scatters)
-    return total
+def passes(program: Program, adjoints) -> tuple[int, int]:
+    """(forward, gradient): the element operations that `func` and `scatter` (and the reference,
+    for updates) take to run `program`'s Funcs, and the Scatters of `adjoints`, estimated from
+    the same plans: each node of an expression costs the size of the varying variables it
+    depends on, once per loop point, plus PYTHON_STEP per numpy call; a sum of products costs
+    its multiply-adds / BLAS_MACS."""
+    forward = sum(_update_work(f) for f in program.funcs if isinstance(f, Update))
+    forward += sum(_func_work(f) for f in program.funcs if isinstance(f, Func))
+    gradient = sum(_update_work(a.scan.update) for a in adjoints if a.scan)
+    gradient += sum(math.prod(a.shape) + sum(_scatter_work(s) for s in a.scatters) for a in adjoints)
+    return forward, gradient
+
+
+def _update_work(u: Update) -> int:
+    """The reference steps through the rdom in Python, each step over the pure points."""
+    return 2 * math.prod(r.hi - r.lo for r in u.rdom) * (PYTHON_STEP + math.prod(r.hi - r.lo for r in u.pure))
 
 
 def _func_work(f: Func) -> int:
@@ -108,4 +109,4 @@ def _operations(e: Expr, free: dict[Var, int]):
         yield from _operations(c, free)
 
 
-__all__ = ["work"]
+__all__ = ["passes"]
