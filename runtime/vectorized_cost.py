@@ -13,7 +13,7 @@ import math
 
 from halide_ad.ir import Bin, Call, Const, Expr, Func, Op, Program, Reduce, Scatter, Update, Var, dtype_of
 from halide_ad.runtime import reference
-from halide_ad.runtime.vectorized import CHUNK, product_factors, index_dims, looped_vars
+from halide_ad.runtime.vectorized_plans import CHUNK, product_factors, index_dims, looped_vars
 from halide_ad.traverse import children, free_vars
 
 PYTHON_STEP = 2000  # element operations that one numpy call from Python costs, about (~5 us)

@@ -10,7 +10,7 @@ import halide_ad as hd
 from halide_ad import config
 from halide_ad.ad import reverse_mode
 from halide_ad.api import as_function
-from halide_ad.runtime import reference, vectorized, vectorized_cost
+from halide_ad.runtime import reference, vectorized, vectorized_cost, vectorized_plans
 from tests.runtime.test_fuzz_programs import _inputs, build, programs
 from tests import programs as P
 
@@ -81,7 +81,7 @@ def test_benchmark_cases_equal_reference_in_float32(case):
 def test_pieces_equal_reference(monkeypatch, case):
     """Funcs and scatters cut into pieces of a few points, run on the threads."""
     from benchmarks.cases import CASES
-    monkeypatch.setattr(vectorized, "CHUNK", 7)
+    monkeypatch.setattr(vectorized_plans, "CHUNK", 7)
     c = {c.name: c for c in CASES}[case]
     _assert_same(c.halide_ad, [x.astype(np.float64) for x in c.make_inputs(small=True)])
 
@@ -135,9 +135,9 @@ def test_plans():
     load = hd.ir.Load("x", (c, hd.ir.Bin(hd.ir.Op.ADD, i, r)), "float64")
     counts = {i: 62, j: 62, r: 3, c: 32}
     # the window's variable loops, the channel is summed by einsum
-    assert vectorized.looped_vars(vectorized.index_dims((load,)), counts, {r, c}) == {r}
+    assert vectorized_plans.looped_vars(vectorized_plans.index_dims((load,)), counts, {r, c}) == {r}
     half = hd.ir.Bin(hd.ir.Op.FLOORDIV, hd.ir.Bin(hd.ir.Op.SUB, i, hd.ir.const(1)), hd.ir.const(2))
-    assert vectorized._phases((half,), {i, j}) == {i: 2}
+    assert vectorized_plans.phases((half,), {i, j}) == {i: 2}
 
 
 @pytest.mark.parametrize("vector, runs", [
