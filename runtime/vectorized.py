@@ -258,16 +258,38 @@ def func(f: Func, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
 
     def piece(axes: dict[Var, plans.Axis]) -> None:
         env = Env(axes, {}, buffers, padded)
-        value, where = _reduce(body, env) if isinstance(body, Reduce) else (_eval(body, env), None)
         key = tuple(slice(a.start, a.start + a.step * a.count, a.step) for a in axes.values())
+        if not isinstance(body, Reduce):
+            _store(body, env, out[key + (Ellipsis,)])  # (a view, 0-d too)
+            return
+        value, where = _reduce(body, env)
         shape = tuple(a.count for a in axes.values())
         out[key] = np.broadcast_to(_expand(value, tuple(axes)), shape)
         if arg is not None:
             arg[key] = np.broadcast_to(_expand(where, tuple(axes)), shape)
 
-    pieces = [c for axes in plans.split(f.domain, plans.phases(parts, set(f.vars))) for c in plans.chunks(axes, f.vars, f.vars)]
+    pieces = [c for axes in plans.split(f.domain, plans.phases(parts, set(f.vars)))
+              for c in plans.chunks(axes, f.vars, f.vars)]
     plans.each(piece, pieces, parallel=True)
     return out, arg
+
+
+def _store(e: Expr, env: Env, target: np.ndarray) -> None:
+    """target[...] = e's value over env's axes (target: a piece of a Func's buffer). Where e's
+    last operation is a binary one over all the axes, it writes into target itself: the piece is
+    not made, then copied."""
+    axes = tuple(env.axes)
+    if isinstance(e, Bin) and e.op not in COMPARISONS and dtype_of(e) == target.dtype \
+            and len(plans.product_factors(e, target.dtype.name)) <= 2:
+        a, b = (_eval(x, env) for x in (e.lhs, e.rhs))
+        a, b = (Value(v.array.astype(target.dtype, copy=False), v.axes) for v in (a, b))
+        if _union(env, [a, b]) == axes:
+            reference._BIN[e.op](_expand(a, axes), _expand(b, axes), out=target)
+            return
+        value = _apply(reference._BIN[e.op], [a, b], env)
+    else:
+        value = _eval(e, env)
+    target[...] = np.broadcast_to(_expand(value, axes), target.shape)
 
 
 def _reduce(r: Reduce, env: Env) -> tuple[Value, Value | None]:
