@@ -8,7 +8,7 @@ running process (the compiled kernels key on the settings that shape them).
 | HALIDE_AD_CACHE_DIR | `$XDG_CACHE_HOME/halide_ad` or `~/.cache/halide_ad` | compiled kernels, solver results and generated code |
 | HALIDE_AD_JIT | 1 | 0 runs the generated Python as plain Python (slow; to debug kernels) |
 | HALIDE_AD_TIERED | 1 | 0 turns off running a program's first calls on the interpreter while its kernels compile |
-| HALIDE_AD_INTERPRET_MAX | 2**30 | the most element operations of a first forward and gradient (`runtime/vectorized_cost.py`'s estimate) that the interpreter takes: about a second of numpy, less than numba's compile of such a program in a fresh process; a larger program compiles first |
+| HALIDE_AD_INTERPRET_MAX | 2**30 | the most element operations of a first forward, and of its gradient (`runtime/vectorized_cost.py`'s estimate of each pass), that the interpreter takes: about a second of numpy, less than numba's compile of a pass's kernels in a fresh process; a program with a larger pass compiles first |
 | HALIDE_AD_MAX_POINTS | 2**36 | the most points of a Func's domain that a trace accepts |
 | HALIDE_AD_PARALLEL_MIN_POINTS | 2**17 | the fewest points of a loop nest that run on the thread pool |
 | HALIDE_AD_POOL_BYTES | 2**30 | bytes of freed buffers kept for reuse (read at import) |

@@ -10,11 +10,12 @@ took 16.8 s and now take well under one.
 
 What runs on the interpreter tier:
 * only programs whose every read is proved in range at trace time (the interpreter clips a
-  data-dependent index where the kernels raise BoundsError), and whose work per call, in
+  data-dependent index where the kernels raise BoundsError), and whose work per pass, in
   element operations as `runtime/vectorized_cost.py` estimates them from the interpreter's
   plans, is at most HALIDE_AD_INTERPRET_MAX (default 2**30, about a second of numpy: beyond
-  it, compiling first costs less). A plain call counts the gradient by every float argument
-  too, so a forward and its gradient take the same tier;
+  it, compiling that pass's kernels first costs less). A plain call counts the gradient by
+  every float argument too, so a forward and its gradient take the same tier: the
+  interpreter's when neither pass is over the cap;
 * only while a kernel is neither compiled in this process nor in the on-disk cache: a second
   process loads machine code and runs compiled from its first call;
 * the forward and backward of one call on the same tier: a gradient never mixes the
@@ -63,7 +64,7 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     for f in program.funcs:
         if any(isinstance(n, Load) and any(map(checked_at_run_time, n.index)) for n in walk(f.body)):
             return False
-    return vectorized_cost.work(program, reverse_mode(program, wrt) if wrt else []) <= config.interpret_max()
+    return max(vectorized_cost.passes(program, reverse_mode(program, wrt) if wrt else [])) <= config.interpret_max()
 
 
 def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -17,8 +17,9 @@ sums, in three other ways:
   the runs of a clamped index first (`np.add.reduceat`), and else groups with `np.add.at`.
 
 Update definitions and their reverse scans stay with the reference interpreter, which runs
-everything else through `func` and `scatter` here. `vectorized_cost.work` estimates what a program
-costs here, from the same plans, for `halide_ad.tiered` to choose a tier by.
+everything else through `func` and `scatter` here. `vectorized_plans.py` makes the plans (which
+variables loop, which split into phases, the pieces); `vectorized_cost.passes` estimates what a
+program costs here from the same plans, for `halide_ad.tiered` to choose a tier by.
 """
 from __future__ import annotations
 
@@ -31,27 +32,12 @@ from typing import NamedTuple
 import numpy as np
 
 from halide_ad.errors import InternalError
-from halide_ad.ir import (COMPARISONS, Bin, Call, Cast, Const, Expr, Func, Load, Op, Range, Reduce, Scatter, Select,
+from halide_ad.ir import (COMPARISONS, Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Scatter, Select,
                           Var, dtype_of)
-from halide_ad.runtime import reference
-from halide_ad.runtime.parallel import one_blas_thread
-from halide_ad.runtime.parallel import parallel_for as run_parallel
+from halide_ad.runtime import reference, vectorized_plans as plans
 from halide_ad.traverse import free_vars, walk
 
-CHUNK = 1 << 19  # points of a piece of a Func or scatter (numpy's temporaries of 2 MiB in float32)
 LOOP_MAX = 1024  # Python-loop points of one Func or scatter, beyond which it runs as the reference does
-PHASES_MAX = 16  # the largest k of a `// k` or `% k` that splits its variable into phases
-
-
-@dataclass(frozen=True, slots=True)
-class Axis:
-    """The values of a variable along its axis: start + step * t for t < count."""
-    start: int
-    step: int
-    count: int
-
-    def values(self) -> np.ndarray:
-        return self.start + self.step * np.arange(self.count, dtype=np.int64)
 
 
 class Value(NamedTuple):
@@ -62,7 +48,7 @@ class Value(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Env:
-    axes: dict[Var, Axis]   # the variables that vary, in the order of every Value's axes
+    axes: dict[Var, plans.Axis]   # the variables that vary, in the order of every Value's axes
     fixed: dict[Var, int]   # the variables a Python loop holds at one value
     buffers: dict[str, np.ndarray]
     padded: dict = field(default_factory=dict)  # buffer name -> (pad per axis, its edge-padded copy)
@@ -130,6 +116,8 @@ def _compute(e: Expr, env: Env) -> Value:
             out = Value(np.asarray(env.fixed[e]), ()) if e in env.fixed else Value(env.axes[e].values(), (e,))
         case Load():
             out = _load(e, env)
+        case Bin(Op.MUL, _, _) if len(factors := plans.product_factors(e, dtype)) > 2:
+            out = _product([_eval(f, env) for f in factors], dtype, env)
         case Bin(op, lhs, rhs):
             a, b = _eval(lhs, env), _eval(rhs, env)
             if op not in COMPARISONS:  # compute in the result dtype, as the reference does
@@ -146,6 +134,17 @@ def _compute(e: Expr, env: Env) -> Value:
         case _:
             raise InternalError(f"the vectorized interpreter cannot evaluate {e!r}")
     return Value(out.array.astype(dtype, copy=False), out.axes)
+
+
+def _product(values: list[Value], dtype: str, env: Env) -> Value:
+    """The product of `values` in `dtype`, the smaller ones first: a scatter's weights along i and
+    along j multiply each other, then the image once (one full-size product, not two). It rounds
+    as the reassociated product does, within an ulp or two of the reference's order."""
+    ordered = sorted((Value(v.array.astype(dtype, copy=False), v.axes) for v in values), key=lambda v: v.array.size)
+    total = ordered[0]
+    for v in ordered[1:]:
+        total = _apply(np.multiply, [total, v], env)
+    return total
 
 
 PAD_MAX = 64  # the most entries a clamped read may clip at one end, to read from an edge-padded copy
@@ -245,81 +244,6 @@ def _gather(buf: np.ndarray, index: list[Value], env: Env) -> Value:
     return Value(np.asarray(reference._load(buf, grids)), axes)
 
 
-# --- plans: which variables loop, which split into phases -------------------------------------------
-
-
-def index_dims(exprs) -> list[Expr]:
-    """Every index of every Load in `exprs` (a scatter's target index included by the caller)."""
-    return [i for e in exprs if e is not None for n in walk(e) if isinstance(n, Load) for i in n.index]
-
-
-def looped_vars(dims: list[Expr], free: dict[Var, int], candidates) -> set[Var]:
-    """The `candidates` to loop over so that no index depends on two varying variables: in each
-    index that does, the candidate of fewest values (`free`: each varying variable's count)."""
-    looped: set[Var] = set()
-    for d in dims:
-        varying = [v for v in free_vars(d) if v in free and v not in looped]
-        choice = [v for v in varying if v in candidates]
-        if len(varying) > 1 and choice:
-            looped.add(min(choice, key=lambda v: (free[v], v.name)))
-    return looped
-
-
-def _phases(exprs, free: set[Var]) -> dict[Var, int]:
-    """{variable: k} for the `free` variables under a `// k` or `% k` (k a constant, the lcm of several)."""
-    split: dict[Var, int] = {}
-    for e in exprs:
-        if e is None:
-            continue
-        for n in walk(e):
-            if isinstance(n, Bin) and n.op in (Op.FLOORDIV, Op.MOD) and isinstance(n.rhs, Const) \
-                    and isinstance(n.rhs.value, int) and 2 <= n.rhs.value <= PHASES_MAX:
-                for v in free_vars(n.lhs) & free:
-                    split[v] = math.lcm(split.get(v, 1), n.rhs.value)
-    return {v: k for v, k in split.items() if k <= PHASES_MAX}
-
-
-def _split(ranges: tuple[Range, ...], phases: dict[Var, int]):
-    """The axes of each combination of phases of `ranges`."""
-    choices = []
-    for r in ranges:
-        lo, n = r.lo, reference._extent(r)
-        k = phases.get(r.var, 1)
-        choices.append([Axis(lo + p, k, -(-(n - p) // k)) for p in range(min(k, n))])
-    for combo in itertools.product(*choices):
-        yield {r.var: a for r, a in zip(ranges, combo, strict=True)}
-
-
-def _chunks(axes: dict[Var, Axis], along: tuple[Var, ...], counted) -> list[dict[Var, Axis]]:
-    """`axes` cut along the first of `along` that has several values, into pieces of about CHUNK
-    points of the `counted` variables (a result's: summed ones go to BLAS whole): numpy's
-    temporaries then stay in cache, and pieces can run on two threads."""
-    total = math.prod(axes[v].count for v in counted if v in axes)
-    v = next((v for v in along if axes[v].count > 1), None)
-    if v is None or total <= CHUNK:
-        return [axes]
-    a = axes[v]
-    rows = max(1, CHUNK * a.count // total)
-    return [axes | {v: Axis(a.start + a.step * t, a.step, min(rows, a.count - t))} for t in range(0, a.count, rows)]
-
-
-def _each(body, pieces: list, parallel: bool) -> None:
-    """body(piece) for each piece, on the kernels' threads where `parallel` (pieces that write
-    disjoint elements). BLAS runs on one thread in each: OpenBLAS's own threads spin, and on a
-    busy machine a convolution's weight gradient took 1.5 s instead of 2 ms."""
-    with one_blas_thread():
-        if parallel and len(pieces) > 1:
-            run_parallel(lambda lo, hi: [body(p) for p in pieces[lo:hi]], 0, len(pieces))
-        else:
-            for p in pieces:
-                body(p)
-
-
-def _points(looped: list[Range]):
-    return (dict(zip((r.var for r in looped), p, strict=True))
-            for p in itertools.product(*(range(r.lo, r.hi) for r in looped)))
-
-
 # --- Funcs --------------------------------------------------------------------------------------------
 
 
@@ -332,26 +256,48 @@ def func(f: Func, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
         else None
     padded: dict = {}
 
-    def piece(axes: dict[Var, Axis]) -> None:
+    def piece(axes: dict[Var, plans.Axis]) -> None:
         env = Env(axes, {}, buffers, padded)
-        value, where = _reduce(body, env) if isinstance(body, Reduce) else (_eval(body, env), None)
         key = tuple(slice(a.start, a.start + a.step * a.count, a.step) for a in axes.values())
+        if not isinstance(body, Reduce):
+            _store(body, env, out[key + (Ellipsis,)])  # (a view, 0-d too)
+            return
+        value, where = _reduce(body, env)
         shape = tuple(a.count for a in axes.values())
         out[key] = np.broadcast_to(_expand(value, tuple(axes)), shape)
         if arg is not None:
             arg[key] = np.broadcast_to(_expand(where, tuple(axes)), shape)
 
-    pieces = [c for axes in _split(f.domain, _phases(parts, set(f.vars))) for c in _chunks(axes, f.vars, f.vars)]
-    _each(piece, pieces, parallel=True)
+    pieces = [c for axes in plans.split(f.domain, plans.phases(parts, set(f.vars)))
+              for c in plans.chunks(axes, f.vars, f.vars)]
+    plans.each(piece, pieces, parallel=True)
     return out, arg
+
+
+def _store(e: Expr, env: Env, target: np.ndarray) -> None:
+    """target[...] = e's value over env's axes (target: a piece of a Func's buffer). Where e's
+    last operation is a binary one over all the axes, it writes into target itself: the piece is
+    not made, then copied."""
+    axes = tuple(env.axes)
+    if isinstance(e, Bin) and e.op not in COMPARISONS and dtype_of(e) == target.dtype \
+            and len(plans.product_factors(e, target.dtype.name)) <= 2:
+        a, b = (_eval(x, env) for x in (e.lhs, e.rhs))
+        a, b = (Value(v.array.astype(target.dtype, copy=False), v.axes) for v in (a, b))
+        if _union(env, [a, b]) == axes:
+            reference._BIN[e.op](_expand(a, axes), _expand(b, axes), out=target)
+            return
+        value = _apply(reference._BIN[e.op], [a, b], env)
+    else:
+        value = _eval(e, env)
+    target[...] = np.broadcast_to(_expand(value, axes), target.shape)
 
 
 def _reduce(r: Reduce, env: Env) -> tuple[Value, Value | None]:
     """(r's value, argindex) over env's axes, as reference._reduce computes them."""
-    inner = Env(env.axes | {v.var: Axis(v.lo, 1, reference._extent(v)) for v in r.rvars}, env.fixed, env.buffers,
+    inner = Env(env.axes | {v.var: plans.Axis(v.lo, 1, reference._extent(v)) for v in r.rvars}, env.fixed, env.buffers,
                 env.padded)
     rvars = {v.var for v in r.rvars}
-    looped = looped_vars(index_dims((r.body, r.where)), {v: a.count for v, a in inner.axes.items()}, rvars)
+    looped = plans.looped_vars(plans.index_dims((r.body, r.where)), {v: a.count for v, a in inner.axes.items()}, rvars)
     loop = [v for v in r.rvars if v.var in looped]
     if loop and r.op not in ("sum", "prod"):
         loop = list(r.rvars)  # an extremum's position is kept across loop points only when all loop
@@ -362,7 +308,7 @@ def _reduce(r: Reduce, env: Env) -> tuple[Value, Value | None]:
         summed = tuple(v.var for v in r.rvars if v not in loop)
         total = None
         inner = inner.looping((r.body, r.where), {v.var for v in loop})
-        for point in _points(loop):
+        for point in plans.points(loop):
             part = _summed(r.body, r.where, inner.at(point), summed, dtype, r.op)
             total = part if total is None else _apply(np.add if r.op == "sum" else np.multiply, [total, part], env)
         if total is None:  # an empty loop
@@ -375,7 +321,7 @@ def _reduce(r: Reduce, env: Env) -> tuple[Value, Value | None]:
 
 def _summed(body: Expr, where: Expr | None, env: Env, summed: tuple[Var, ...], dtype: str, op: str = "sum") -> Value:
     """The sum (or product) of `body` where `where` holds, over the `summed` variables of env."""
-    factors = product_factors(body, dtype) if op == "sum" and where is None and summed else [body]
+    factors = plans.product_factors(body, dtype) if op == "sum" and where is None and summed else [body]
     values = [_eval(f, env) for f in factors]
     values = [Value(v.array.astype(dtype, copy=False), v.axes) for v in values]
     if where is not None:
@@ -398,13 +344,6 @@ def _summed(body: Expr, where: Expr | None, env: Env, summed: tuple[Var, ...], d
     if absent > 1:
         array = array * np.asarray(absent, dtype) if op == "sum" else array ** absent
     return Value(np.asarray(array, dtype), kept)
-
-
-def product_factors(e: Expr, dtype: str) -> list[Expr]:
-    """The factors of a product chain computed in `dtype`."""
-    if isinstance(e, Bin) and e.op == Op.MUL and dtype_of(e) == dtype:
-        return product_factors(e.lhs, dtype) + product_factors(e.rhs, dtype)
-    return [e]
 
 
 def _extremum_whole(r: Reduce, inner: Env, dtype: str) -> tuple[Value, Value]:
@@ -430,7 +369,7 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
     best = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
     arg = Value(np.asarray(-1, np.int64), ())
     inner = inner.looping((r.body, r.where), {v.var for v in r.rvars})
-    for position, point in enumerate(_points(list(r.rvars))):
+    for position, point in enumerate(plans.points(list(r.rvars))):
         at = inner.at(point)
         value = _eval(r.body, at)
         if r.where is None and position == 0:  # every point is unmasked: the first one is the best so far
@@ -454,8 +393,8 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
 def scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
     """For every point of s.domain where s.where holds: adj[s.index] += s.value, as reference._scatter."""
     counts = {r.var: reference._extent(r) for r in s.domain}
-    dims = list(s.index) + index_dims((s.value, s.where, *s.index))
-    looped = looped_vars(dims, counts, set(counts))
+    dims = list(s.index) + plans.index_dims((s.value, s.where, *s.index))
+    looped = plans.looped_vars(dims, counts, set(counts))
     loop = [r for r in s.domain if r.var in looped]
     free = [r for r in s.domain if r.var not in looped]
     named = [free_vars(i) & {r.var for r in free} for i in s.index]
@@ -468,14 +407,14 @@ def scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None
     along = own or tuple(r.var for r in free)
     padded: dict = {}
 
-    def piece(axes: dict[Var, Axis]) -> None:
+    def piece(axes: dict[Var, plans.Axis]) -> None:
         env = Env(axes, {}, buffers, padded).looping((s.value, s.where, *s.index), looped)
-        for point in _points(loop):
+        for point in plans.points(loop):
             _scatter_at(s, adj, env.at(point))
 
-    phases = _phases((s.value, s.where, *s.index), {r.var for r in free})
-    for axes in _split(tuple(free), phases):  # phases one after another: they may write the same elements
-        _each(piece, _chunks(axes, along, set().union(*named)), parallel=bool(own))
+    phases = plans.phases((s.value, s.where, *s.index), {r.var for r in free})
+    for axes in plans.split(tuple(free), phases):  # phases one after another: they may write the same elements
+        plans.each(piece, plans.chunks(axes, along, set().union(*named)), parallel=bool(own))
 
 
 def _scatter_at(s: Scatter, adj: np.ndarray, env: Env) -> None:
@@ -520,4 +459,4 @@ def _add_grouped(view: np.ndarray, target: np.ndarray, vectors: list[np.ndarray]
     view[np.ix_(*keys)] += target
 
 
-__all__ = ["CHUNK", "func", "index_dims", "looped_vars", "product_factors", "scatter"]
+__all__ = ["func", "scatter"]

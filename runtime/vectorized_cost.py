@@ -1,7 +1,7 @@
 """The interpreter tier's cost model: what `vectorized.py` takes to run a program, in numpy's element
 operations, estimated from the plans it runs by (which variables loop, which sums go to BLAS),
 without running anything. `halide_ad.tiered` runs a program's first calls on the interpreter
-when this is at most HALIDE_AD_INTERPRET_MAX.
+when each pass's (the forward's, the gradient's) is at most HALIDE_AD_INTERPRET_MAX.
 
 Calibration, measured at the commit that added it on the 2-core development machine (under load):
 the nine kernel cases of `python -m benchmarks` at their benchmark shapes ran their forward and
@@ -11,31 +11,32 @@ from __future__ import annotations
 
 import math
 
-from halide_ad.ir import Call, Const, Func, Program, Reduce, Scatter, Update, Var, dtype_of
+from halide_ad.ir import Bin, Call, Const, Expr, Func, Op, Program, Reduce, Scatter, Update, Var, dtype_of
 from halide_ad.runtime import reference
-from halide_ad.runtime.vectorized import CHUNK, product_factors, index_dims, looped_vars
-from halide_ad.traverse import free_vars, walk
+from halide_ad.runtime.vectorized_plans import CHUNK, product_factors, index_dims, looped_vars
+from halide_ad.traverse import children, free_vars
 
 PYTHON_STEP = 2000  # element operations that one numpy call from Python costs, about (~5 us)
 BLAS_MACS = 16  # multiply-adds that BLAS does in the time of one numpy element operation, about
 SLOW_CALLS = {"erf": 50}  # numpy has no erf: the reference calls math.erf per element
 
 
-def work(program: Program, adjoints) -> int:
-    """The element operations that `func` and `scatter` (and the reference, for updates) take to
-    run `program`'s Funcs and the Scatters of `adjoints`, estimated from the same plans: each
-    node of an expression costs the size of the varying variables it depends on, once per loop
-    point, plus PYTHON_STEP per numpy call; a sum of products costs its multiply-adds / BLAS_MACS."""
-    total = 0
-    updates = [f for f in program.funcs if isinstance(f, Update)] + [a.scan.update for a in adjoints if a.scan]
-    for u in updates:  # the reference steps through the rdom in Python, each step over the pure points
-        total += 2 * math.prod(r.hi - r.lo for r in u.rdom) * (PYTHON_STEP + math.prod(r.hi - r.lo for r in u.pure))
-    for f in program.funcs:
-        if isinstance(f, Func):
-            total += _func_work(f)
-    for a in adjoints:
-        total += math.prod(a.shape) + sum(_scatter_work(s) for s in a.scatters)
-    return total
+def passes(program: Program, adjoints) -> tuple[int, int]:
+    """(forward, gradient): the element operations that `func` and `scatter` (and the reference,
+    for updates) take to run `program`'s Funcs, and the Scatters of `adjoints`, estimated from
+    the same plans: each node of an expression costs the size of the varying variables it
+    depends on, once per loop point, plus PYTHON_STEP per numpy call; a sum of products costs
+    its multiply-adds / BLAS_MACS."""
+    forward = sum(_update_work(f) for f in program.funcs if isinstance(f, Update))
+    forward += sum(_func_work(f) for f in program.funcs if isinstance(f, Func))
+    gradient = sum(_update_work(a.scan.update) for a in adjoints if a.scan)
+    gradient += sum(math.prod(a.shape) + sum(_scatter_work(s) for s in a.scatters) for a in adjoints)
+    return forward, gradient
+
+
+def _update_work(u: Update) -> int:
+    """The reference steps through the rdom in Python, each step over the pure points."""
+    return 2 * math.prod(r.hi - r.lo for r in u.rdom) * (PYTHON_STEP + math.prod(r.hi - r.lo for r in u.pure))
 
 
 def _func_work(f: Func) -> int:
@@ -78,13 +79,34 @@ def _expr_work(exprs, counts: dict[Var, int], looped: set[Var], pieces: int, con
         calls += 1
         roots = list(contracted) + roots[1:]
     for e in roots:
-        for n in walk(e) if e is not None else ():
-            if isinstance(n, (Const, Var)):
-                continue
-            ops += math.prod(free[v] for v in free_vars(n) if v in free) * (
-                SLOW_CALLS.get(n.fn, 1) if isinstance(n, Call) else 1)
+        for n, points in _operations(e, free) if e is not None else ():
+            ops += points * (SLOW_CALLS.get(n.fn, 1) if isinstance(n, Call) else 1)
             calls += 1
     return math.prod(counts[v] for v in looped) * (ops + calls * PYTHON_STEP * pieces)
 
 
-__all__ = ["work"]
+def _operations(e: Expr, free: dict[Var, int]):
+    """(node, points) for each numpy operation that evaluating `e` runs: a node costs the
+    points of the varying variables it depends on; a product chain multiplies its factors
+    smallest first (`vectorized._product`), each step the points of the factors so far."""
+    def points(variables) -> int:
+        return math.prod(free[v] for v in variables if v in free)
+
+    if isinstance(e, (Const, Var)):
+        return
+    factors = product_factors(e, dtype_of(e)) if isinstance(e, Bin) and e.op == Op.MUL else []
+    if len(factors) > 2:
+        for f in factors:
+            yield from _operations(f, free)
+        seen: set[Var] = set()
+        for k, f in enumerate(sorted(factors, key=lambda f: points(free_vars(f)))):
+            seen |= free_vars(f)
+            if k:
+                yield e, points(seen)
+        return
+    yield e, points(free_vars(e))
+    for c in children(e):
+        yield from _operations(c, free)
+
+
+__all__ = ["passes"]

@@ -25,6 +25,11 @@ def _blur(img):
     return hd.compute(img.shape, lambda y, x: (c[y - 1, x] + c[y, x - 1] + c[y, x] + c[y, x + 1]) / 4)
 
 
+def _bilinear(x):
+    from benchmarks.cases import resize_bilinear2x
+    return resize_bilinear2x.fn(x)
+
+
 def _softmax_loss(x, w):
     return hd.sum(ops.softmax(x * w) * x)
 
@@ -71,9 +76,12 @@ def test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype, layout=None):
     (_layer, [(1, 3, 2, 2), (1, 3, 3, 3), (1,)], None),         # a 1x1 pooled output
     (_blur, [(7, 9)], lambda a: a.T),                           # a transposed view
     (_layer, [(2, 3, 8, 16), (4, 3, 3, 3), (4,)], lambda a: a[..., ::2] if a.ndim == 4 else a),
+    (_bilinear, [(1, 1, 1, 1)], None),                          # both taps of every row clamp to the pixel
+    (_bilinear, [(1, 2, 3, 10)], lambda a: a[..., 1::2]),       # clamped at both ends, a strided view
 ])
 def test_the_tiers_agree_at_the_edges(fn, shapes, layout, dtype):
-    """Size 1 and arguments that are views, not C-contiguous arrays."""
+    """Size 1 and arguments that are views, not C-contiguous arrays; the bilinear resize's
+    gradient scatters through indices clamped at both ends."""
     test_the_interpreter_then_the_kernels_agree(fn, shapes, dtype, layout)
 
 
