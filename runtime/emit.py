@@ -26,9 +26,9 @@ from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import children as expr_children
 from halide_ad.runtime.lanes import FOLD
-from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, Fold,
-                                     For, Hoisted, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block,
-                                     walk)
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Combine, Comment, Element, Fail,
+                                     Fold, For, Hoisted, If, Improves, Kind, Lanes, Let, Local, Row, Source, Spans, Stmt, Store,
+                                     block, walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -143,6 +143,13 @@ def resolve(s: Stmt, em) -> Stmt:
         case For(var, lo, hi, kind, body, step):
             name = var if isinstance(var, str) else em.name(var)
             return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em), step)
+        case Spans(var, (lo, hi), n, inside, body):
+            name = var if isinstance(var, str) else em.name(var)
+            spans = f"((0, {lo}), ({hi}, {n}))"
+            tests = " and ".join(f"{a} <= {v if isinstance(v, str) else em.name(v)} <= {b}" for v, a, b in inside)
+            return block(Source(f"spans = {spans} if {tests} else ((0, {n}), ({n}, {n}))" if inside else f"spans = {spans}"),
+                         Source("for span in spans:", block(For(name, "span[0]", "span[1]", Kind.SERIAL,
+                                                                resolve(body, em)))))
         case Store(buffer, index, value):
             return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
         case Accumulate(Load(buffer, index, _, loc), value, "sum", True):
@@ -156,6 +163,8 @@ def resolve(s: Stmt, em) -> Stmt:
             return _with_inline(em, text)
         case Comment(text):
             return Source(f"# {text}")
+        case Allocate(array, (n,), dtype, True):
+            return Source(f"{array} = lanes.scratch({n}, np.{dtype})")
         case Allocate(array, shape, dtype):
             return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
         case Let(var, value):
@@ -407,6 +416,11 @@ class Emitter:
                 return self.row(buffer, index[:-1], str(loc) if loc else show(e.first))
             case Fold(op, row, lo, hi, lanes):
                 return f"lanes.{FOLD[op]}({self.expr(row)}, {lo}, {hi}, ({self.expr(lanes)}))"
+            case Combine(op, lhs, rhs):
+                return f"({COMBINE[op].format(self.expr(lhs), self.expr(rhs))})"
+            case Improves(op, val, acc, arg):
+                v, a = self.expr(val), self.expr(acc)
+                return f"{self.expr(arg)} < 0 or {v} {'>' if op == 'max' else '<'} {a} or ({v} != {v} and {a} == {a})"
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")

@@ -12,10 +12,7 @@ row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`)
 windows that read along its last dimension run a row at a time, each tap added to the whole row
 (`tap_rows`). A point's guarded pieces follow its sums, the reductions inside them computed
 before (`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`).
-
-Text lines left (Source nodes): a box without regions looping over its spans (`for span in
-spans:`, a tuple of ranges) and the headers of the tabled points' loops (`for tap in
-range(count[point]):`; a For prints its lower bound).
+A box without regions runs the general gathers over the spans around it (`Spans`).
 """
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ from halide_ad.affine import Affine
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, Element, For, Kind, Let, Local, Source, Stmt,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, Element, For, Kind, Let, Local, Spans, Stmt,
                                      Store, block, map_exprs, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
@@ -176,16 +173,11 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         # no regions: the general gathers run outside the box, where the last box dimension runs the
         # spans below and above it if the outer ones are inside it, else its whole extent
         loops_ = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(first, last)]
-        n, (lo, hi) = shape[last], box[vars_[last]]
-        spans = f"((0, {lo}), ({hi + 1}, {n}))"
-        inside = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
+        inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
+        lo, hi = box[vars_[last]]
         name = em.name(vars_[last])
-        row = For(name, "span[0]", "span[1]", Kind.SERIAL,
-                  block(_full_loops(em, vars_, shape, range(last + 1, len(vars_)), par, body(gathers))))
-        out.append(nest(loops_, block(
-            Source(f"spans = {spans} if {' and '.join(inside)} else ((0, {n}), ({n}, {n}))" if inside else
-                   f"spans = {spans}"),
-            Source("for span in spans:", block(row)))))
+        out.append(nest(loops_, Spans(name, (lo, hi + 1), shape[last], inside, block(
+            _full_loops(em, vars_, shape, range(last + 1, len(vars_)), par, body(gathers))))))
     if not separable:
         out += the_box()
     return nest(outer, block(*out))
@@ -262,10 +254,10 @@ def _tabled_points(em: Emitter, points, dims, body) -> Stmt:
     read = Element(load.buffer, load.index[:lead] + tuple(
         Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype, buffer=True)
     add = Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True)
-    return Source(f"for point in range({len(points)}):", block(
+    return For(point.name, 0, len(points), Kind.SERIAL, block(
         *(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
         Let(taps, Const(0, load.dtype)),
-        Source(f"for tap in range({count}[point]):", block(add)),
+        For(tap.name, 0, Element(count, (point,), INDEX_DTYPE), Kind.SERIAL, block(add)),
         body([], terms=[(taps, 1.0)], terms_dtype=load.dtype)))
 
 

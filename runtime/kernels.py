@@ -29,7 +29,7 @@ from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
-from halide_ad.runtime.loops import (Accumulate, Chain, Comment, For, Kind, Let, Local, Source, Stmt, Store, block,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
                                      nest as loop_nest, walk)
 from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
                                        scatter, split_loop_nest, tap_rows, weighted_sums, wide_gathers)
@@ -72,13 +72,13 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str, local: f
             continue
         _emit_nests(em, run, local)
         run = []
-        em.put(Source(_comment(f)), _phased(em, f, split))
+        em.put(_comment(f), _phased(em, f, split))
     _emit_nests(em, run, local)
     return _function(em, entry), list(em.used), em.checks
 
 
-def _comment(f: Func) -> str:
-    return f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else "")
+def _comment(f: Func) -> Comment:
+    return Comment(show_func(f) + (f"  ({f.loc})" if f.loc else ""))
 
 
 def _forward_nest(f: Func, temp) -> Stmt:
@@ -99,7 +99,7 @@ def _emit_nests(em: Emitter, run: list[tuple[Func, Stmt]], local: frozenset[str]
     (`fuse_rows`), the `local` Funcs that one group alone reads a row at a time (`rows_local`)."""
     if not run:
         return
-    nests = schedule.run(fuse_rows, block(*(s for f, nest in run for s in (Source(_comment(f)), nest))))
+    nests = schedule.run(fuse_rows, block(*(s for f, nest in run for s in (_comment(f), nest))))
     nests = rows_local(nests, {f.name: (f.shape, f.dtype) for f, _ in run  # (an argindex is stored for a gradient)
                                if f.name in local and not f.keeps_argindex}, em.temp)
     for stmt in nests.body:
@@ -287,8 +287,7 @@ def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) ->
                       f"reading {name} one plane at a time from {stage}")
     par = parallel_dim(shape)
     plane = producer.adjoint.shape[depth:]
-    allocate = Source(f"{stage} = lanes.scratch({plane[0]}, np.{dtype})" if len(plane) == 1 and plane[0] <= SCRATCH_MAX
-                      else f"{stage} = np.empty({tuple(plane)}, np.{dtype})")  # (a row on the stack: no malloc per row)
+    allocate = Allocate(stage, tuple(plane), dtype, stack=len(plane) == 1 and plane[0] <= SCRATCH_MAX)
     loops_ = [(d, em.name(consumer.new_vars[d])) for d in range(opened, depth)]
     body = [Let(mine, theirs) for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True)
             if em.name(mine) != em.name(theirs)]
