@@ -270,9 +270,6 @@ class Emitter:
     # into constants, and typing an np.float32(...) call at every use made big kernels compile
     # ~25% slower. Text -> name.
     literals: dict[str, str] = field(default_factory=dict)
-    # adjoints kept one plane at a time in a local array (schedule/stage.py): buffer -> (the
-    # leading dimensions the enclosing loops fix, the local's name)
-    staged: dict[str, tuple[int, str]] = field(default_factory=dict)
     buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)
     _temps: int = 0  # the temporaries named so far (`temp`)
 
@@ -313,9 +310,6 @@ class Emitter:
         return self.literals.setdefault(f"np.array({rows!r}, np.{dtype})", f"tab_{len(self.literals)}")
 
     def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
-        if buffer in self.staged:
-            depth, local = self.staged[buffer]
-            return f"{local}[{', '.join(self.expr(e) for e in index[depth:])}]"
         self.used[buffer] = None
         local = self.buffer(buffer)
         if not index:
@@ -337,11 +331,9 @@ class Emitter:
         return f"{local}[{', '.join(parts)}]"
 
     def row(self, buffer: str, lead: tuple[Expr, ...], loc_text: str) -> str:
-        """The last-axis row of `buffer` at its leading indices `lead`: a view (a staged plane's
-        local, or the buffer itself, where nothing is left to index)."""
-        if buffer in self.staged and len(lead) <= self.staged[buffer][0]:
-            return self.staged[buffer][1]
-        if not lead and buffer not in self.staged:
+        """The last-axis row of `buffer` at its leading indices `lead`: a view (the buffer itself,
+        where nothing is left to index)."""
+        if not lead:
             self.used[buffer] = None
             return self.buffer(buffer)
         return self.index(buffer, lead, loc_text)

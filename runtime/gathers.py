@@ -46,7 +46,7 @@ def _kind(parallel: bool) -> Kind:
 
 
 def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: str, opened: int = 0,
-                    terms: float = 1, by_rows=None) -> Stmt:
+                    terms: float = 1, by_rows=None, staged: frozenset[str] = frozenset()) -> Stmt:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
@@ -56,7 +56,7 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     loops over the first `opened` dimensions are open already (outside the nest returned);
     `terms` is the gathers' terms per point. `by_rows(gathers, var, lo, hi)` is the box's
     gathers over a row of the last dimension, columns lo..hi-1, a row at a time (`tap_rows`),
-    or None."""
+    or None. `staged`: the buffers a pass reads a plane at a time (`stage_plane`)."""
     par = parallel_dim(shape, terms)
     dims = cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
@@ -164,7 +164,7 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
-    points = tabled_points(around, vars_[first:], em.staged)
+    points = tabled_points(around, vars_[first:], staged)
     tabled = {id(region) for region, _ in points}
     out += regions([r for r in around if id(r[0]) not in tabled], False)
     if points:

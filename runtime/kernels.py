@@ -12,13 +12,13 @@ the sums over those rows that follow in the same loop, per block of rows
 Every forward nest but the split ones (pointwise, sums and products, max and min, argmax and
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
 passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`,
-`fuse_rows`). The split forward nests (`pointwise_split`), the gather loop nests
-(runtime/gathers.py) and the staging here are built as whole nests following the decisions of
-runtime/schedule/ (`interior`, `pointwise_split`, `separable_window`, `tabled_points`,
-`loads_to_hoist`, `gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`).
-Each adjoint's nest is resolved (`Emitter.put`) as soon as it is built: the kernel lists its
-buffers in that order, and a staged plane's reads print from its local only while its pair of
-nests is resolved.
+`fuse_rows`). The split forward nests (`pointwise_split`) and the gather loop nests
+(runtime/gathers.py) are built as whole nests following the decisions of runtime/schedule/
+(`interior`, `pointwise_split`, `separable_window`, `tabled_points`, `loads_to_hoist`,
+`gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`); a staged pair's
+nests then keep the first adjoint's plane in a local array (the `stage_plane` pass). Each
+adjoint's nest is resolved (`Emitter.put`) as soon as it is built: the kernel lists its buffers
+in that order.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, p
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
+from halide_ad.runtime.schedule.staging import stage_plane
 from halide_ad.traverse import flat_index, walk as walk_expr
 
 
@@ -144,9 +145,9 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
     gathers = [[c for c in p.contributions if isinstance(c, Gather)] for p in computed]
     splits = [interior(p.new_vars, p.adjoint.shape, gs) for p, gs in zip(computed, gathers, strict=True)]
 
-    def nest(k: int, opened: int = 0, read=None) -> Stmt:
+    def nest(k: int, opened: int = 0, read=None, staged: frozenset[str] = frozenset()) -> Stmt:
         """Adjoint k's loop nest, inside `opened` loops already open; only the `read` box of it
-        where given (`clip_split`)."""
+        where given (`clip_split`); `staged`: the buffers read a plane at a time (`stage_plane`)."""
         plan, adj = computed[k], computed[k].adjoint
         name = adjoint_name(adj.buffer)
         split = splits[k] if read is None else clip_split(splits[k], plan.new_vars, adj.shape, read) or splits[k]
@@ -177,7 +178,8 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             em.index(name, plan.new_vars, name)  # (the adjoint first among the buffers its rows use)
             return row_gathers(plan, gathers[k], name, em.temp)
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
-        return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
+        return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows,
+                               staged)
 
     terms = [gather_terms(gs, p.adjoint.shape) for p, gs in zip(computed, gathers, strict=True)]
     scratch: list[Buffer] = []
@@ -275,10 +277,10 @@ def _columns(plan, s: Stmt) -> For:
 
 def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) -> Stmt:
     """Adjoint k and the next one, a plane of each per iteration of their leading `depth`
-    dimensions, adjoint k's plane in a local array (see `stage_depth`); `nest(k, opened)` builds
-    adjoint k's loop nest inside loops already open. The loops over the first `opened`
-    dimensions are open already (a row group's, the parallel one among them). Resolved (the
-    emitter reads the staged plane's local while it prints these nests)."""
+    dimensions, adjoint k's plane in a local array (see `stage_depth`, `stage_plane`);
+    `nest(k, opened, read, staged)` builds adjoint k's loop nest inside loops already open. The
+    loops over the first `opened` dimensions are open already (a row group's, the parallel one
+    among them)."""
     producer, consumer = computed[k], computed[k + 1]
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
@@ -291,13 +293,10 @@ def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) ->
     loops_ = [(d, em.name(consumer.new_vars[d])) for d in range(opened, depth)]
     body = [Let(mine, theirs) for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True)
             if em.name(mine) != em.name(theirs)]
-    em.staged[name] = (depth, stage)
-    body += [nest(k, depth, read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)],
-                                     depth)), nest(k + 1, depth)]
-    inner: Stmt = block(*body)
+    read = read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)], depth)
+    pair = block(nest(k, depth, read, {name}), nest(k + 1, depth, staged={name}))
+    inner: Stmt = block(*body, schedule.run(stage_plane, pair, name, depth, stage, dtype))
     for d, var in reversed(loops_):
         inner = For(var, 0, shape[d], Kind.PARALLEL if d == par else Kind.SERIAL,
                     block(allocate, inner) if d == par else block(inner))  # (one plane per thread)
-    out = emit.resolve(block(comment, allocate, inner) if par is None or par < opened else block(comment, inner), em)
-    del em.staged[name]
-    return out
+    return block(comment, allocate, inner) if par is None or par < opened else block(comment, inner)

@@ -14,6 +14,8 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `hoist.py`, `hoist_loads`: a gather loop nest's region iteration reads the loads it can once,
   at its top (the phases of a box's iteration share theirs: HALIDE_AD_SKIP=hoist_loads leaves
   those out too).
+* `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's
+  plane kept in a local array (HALIDE_AD_SKIP=stage_plane stages no pair).
 
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the
