@@ -12,7 +12,8 @@ row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`)
 windows that read along its last dimension run a row at a time, each tap added to the whole row
 (`tap_rows`). A point's guarded pieces follow its sums, the reductions inside them computed
 before (`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`).
-A box without regions runs the general gathers over the spans around it (`Spans`).
+A box without regions runs the general gathers' plain nest only outside it (the `outside_box`
+pass, schedule/spans.py).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from halide_ad.affine import Affine
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, Element, For, Kind, Let, Local, Spans, Stmt,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, Element, For, Kind, Let, Local, Stmt,
                                      Store, block, map_exprs, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
@@ -38,6 +39,7 @@ from halide_ad.runtime.schedule.corners import tabled_points
 from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
+from halide_ad.runtime.schedule.spans import outside_box
 from halide_ad.traverse import map_children
 
 
@@ -170,14 +172,10 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     if points:
         out.append(_tabled_points(em, points, vars_[first:], body))
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
-        # no regions: the general gathers run outside the box, where the last box dimension runs the
-        # spans below and above it if the outer ones are inside it, else its whole extent
-        loops_ = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(first, last)]
+        # no regions: the general gathers run outside the box
+        plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
         inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
-        lo, hi = box[vars_[last]]
-        name = em.name(vars_[last])
-        out.append(nest(loops_, Spans(name, (lo, hi + 1), shape[last], inside, block(
-            _full_loops(em, vars_, shape, range(last + 1, len(vars_)), par, body(gathers))))))
+        out.append(schedule.run(outside_box, plain, em.name(vars_[last]), box[vars_[last]], inside))
     if not separable:
         out += the_box()
     return nest(outer, block(*out))

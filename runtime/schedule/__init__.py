@@ -14,6 +14,8 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `hoist.py`, `hoist_loads`: a gather loop nest's region iteration reads the loads it can once,
   at its top (the phases of a box's iteration share theirs: HALIDE_AD_SKIP=hoist_loads leaves
   those out too).
+* `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the general
+  nest runs only at the points outside the box (`loops.Spans`), before the box's own nest.
 * `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's
   plane kept in a local array (HALIDE_AD_SKIP=stage_plane stages no pair).
 
