@@ -28,7 +28,7 @@ from halide_ad.traverse import children as expr_children
 from halide_ad.runtime.lanes import FOLD
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Combine, Comment, Element, Fail,
                                      Fold, For, Hoisted, If, Improves, Kind, Lanes, Let, Local, Row, Source, Spans, Stmt, Store,
-                                     block, walk)
+                                     Table, block, walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -305,9 +305,6 @@ class Emitter:
             return text
         return self.literals.setdefault(f"np.float32({text})", f"f32_{len(self.literals)}")
 
-    def table(self, rows: list[list], dtype: str) -> str:
-        """A module-level constant array of these rows."""
-        return self.literals.setdefault(f"np.array({rows!r}, np.{dtype})", f"tab_{len(self.literals)}")
 
     def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
         self.used[buffer] = None
@@ -398,7 +395,10 @@ class Emitter:
                 if buffer:
                     self.used.setdefault(array, None)
                     array = self.buffer(array)
+                array = self.expr(array) if isinstance(array, Table) else array
                 return f"{array}[{', '.join(self.expr(i) for i in index)}]"
+            case Table(rows, dtype):  # (a module-level constant, defined once)
+                return self.literals.setdefault(f"np.array({rows}, np.{dtype})", f"tab_{len(self.literals)}")
             case Chain(op, args, grouped):
                 text = f" {op.value} ".join(map(self.expr, args))
                 return f"({text})" if grouped else text

@@ -5,7 +5,8 @@ A gather loop nest without a Split is one perfect nest, whose parallel loop the 
 pass picks. One with a Split (schedule/boundary.py) runs the interior box with its specialized
 gathers, the regions around it, the edge columns inside the box's row loop, the phases of a
 strided dimension, a separable window's two passes over a ring of rows (schedule/separable.py),
-the corners whose gathers are constant taps as one loop over tables (schedule/corners.py);
+the corners whose gathers are constant taps as one loop over tables (the `tabled_points` pass
+over the regions' nests, schedule/corners.py);
 loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading` rewrite the
 iteration's statements); an adjoint whose windows walk memory along its last dimension runs a
 row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`); a box's
@@ -28,14 +29,14 @@ from halide_ad.affine import Affine
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, Element, For, Kind, Let, Local, Stmt,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Stmt,
                                      Store, block, map_exprs, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
-from halide_ad.runtime.schedule.corners import tabled_points
+from halide_ad.runtime.schedule.corners import points_to_table, tabled_points
 from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
@@ -166,11 +167,14 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
-    points = tabled_points(around, vars_[first:], staged)
-    tabled = {id(region) for region, _ in points}
-    out += regions([r for r in around if id(r[0]) not in tabled], False)
-    if points:
-        out.append(_tabled_points(em, points, vars_[first:], body))
+    chosen = points_to_table(around, vars_[first:], staged)
+    if chosen:
+        points = [(k, region, taps) for k, (region, _) in enumerate(around) for r, taps in chosen if r is region]
+        dtype = chosen[0][1][0][0].dtype
+        run = body([], terms=[(Local("taps", dtype), 1.0)], terms_dtype=dtype)
+        out += schedule.run(tabled_points, Block(tuple(regions(around, False))), points, vars_[first:], run).body
+    else:
+        out += regions(around, False)
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box
         plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
@@ -227,36 +231,6 @@ def _separable(em: Emitter, split, vars_, shape, body) -> Stmt:
 def _full_loops(em: Emitter, vars_, shape, dims, par, inner: Stmt) -> Stmt:
     """`inner` in a loop over the whole extent of each of `dims`."""
     return nest([(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in dims], inner)
-
-
-def _tabled_points(em: Emitter, points, dims, body) -> Stmt:
-    """One loop over the points (`tabled_points`): each point's position, and its taps'
-    constant indices and weights, read from module-level tables; `body` stores the sum."""
-    per_point = [taps for _, taps in points]
-    load, lead, _ = per_point[0][0]
-    width = max(len(taps) for taps in per_point)
-    at = [v for v in dims if v in points[0][0]]
-    where = em.table([[region[v][0] for v in at] for region, _ in points], "int64")
-    tail = len(load.index) - lead
-    # rows padded to the longest; a point runs only its own count of taps (a padding tap at weight
-    # 0 would still turn an inf it read into nan)
-    index = em.table([[[e.value for e in t[0].index[lead:]] for t in taps] + [[0] * tail] * (width - len(taps))
-                      for taps in per_point], "int64")
-    weight = em.table([[t[2] for t in taps] + [0.0] * (width - len(taps)) for taps in per_point], load.dtype)
-    count = em.table([len(taps) for taps in per_point], "int64")
-    point, tap, taps = Local("point", INDEX_DTYPE), Local("tap", INDEX_DTYPE), Local("taps", load.dtype)
-
-    def const(k: int) -> Const:
-        return Const(k, INDEX_DTYPE)
-
-    read = Element(load.buffer, load.index[:lead] + tuple(
-        Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype, buffer=True)
-    add = Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True)
-    return For(point.name, 0, len(points), Kind.SERIAL, block(
-        *(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
-        Let(taps, Const(0, load.dtype)),
-        For(tap.name, 0, Element(count, (point,), INDEX_DTYPE), Kind.SERIAL, block(add)),
-        body([], terms=[(taps, 1.0)], terms_dtype=load.dtype)))
 
 
 def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:

@@ -75,11 +75,19 @@ class Hoisted(Local):
 
 
 @dataclass(frozen=True, slots=True)
+class Table(Expr):
+    """A module-level constant array, `rows` (Python text of nested lists) of `dtype`, which the
+    emitter defines once and names (`tab_<k>`): numba freezes globals into constants."""
+    rows: str
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
 class Element(Expr):
-    """array[index]: an element of a local array (Allocate) or a module-level table, indexed
-    within its shape by construction (no check, no wraparound); or of a buffer at indices read
-    from such a table (a corner's taps, `gathers._tabled_points`), where `buffer` says so."""
-    array: str
+    """array[index]: an element of a local array (Allocate) or a Table, indexed within its shape
+    by construction (no check, no wraparound); or of a buffer at indices read from a table (a
+    corner's taps, schedule/corners.py), where `buffer` says so."""
+    array: str | Table
     index: tuple[Expr, ...]
     dtype: str
     buffer: bool = False  # `array` is a buffer of the kernel's (named and listed by the emitter)
@@ -348,7 +356,9 @@ def _expr(e) -> str:
         case Local(name):
             return name
         case Element(array, index, _):
-            return f"{array}[{', '.join(map(_expr, index))}]"
+            return f"{_expr(array)}[{', '.join(map(_expr, index))}]"
+        case Table(rows, dtype):
+            return f"table({rows}, {dtype})"
         case Chain(op, args, grouped):
             text = f" {op.value} ".join(map(_expr, args))
             return f"({text})" if grouped else text
