@@ -326,8 +326,9 @@ def _show(s: Stmt, depth: int) -> list[str]:
             head = f"{pad}for {_expr(var)} in [{_expr(lo)}, {_expr(hi)}){f' step {step}' if step != 1 else ''}:"
             return [head + ("" if kind is Kind.SERIAL else f"  # {kind.value}")] + _show(body, depth + 1)
         case Spans(var, (lo, hi), n, inside, body):
-            where = "".join(f" if {a} <= {_expr(v)} <= {b}" for v, a, b in inside)
-            return [f"{pad}for {_expr(var)} in [0, {lo}) and [{hi}, {n}){where}, else [0, {n}):"] + _show(body, depth + 1)
+            where = " and ".join(f"{a} <= {_expr(v)} <= {b}" for v, a, b in inside)
+            where = f" if {where}, else [0, {n})" if inside else ""
+            return [f"{pad}for {_expr(var)} in [0, {lo}) and [{hi}, {n}){where}:"] + _show(body, depth + 1)
         case Store(buffer, index, value):
             return [f"{pad}{buffer}[{', '.join(map(_expr, index))}] = {_expr(value)}"]
         case Accumulate(target, value, op, augmented):
