@@ -391,7 +391,7 @@ class Emitter:
                 return self.cast(self.expr(v), dtype)
             case Local(name):
                 return name
-            case Element(array, index, _, buffer):
+            case Element(array, index, _, buffer, _):
                 if buffer:
                     self.used.setdefault(array, None)
                     array = self.buffer(array)
@@ -428,7 +428,7 @@ class Emitter:
                 case Hoisted(load=load):  # read already: only its index is computed here
                     stack.extend(load.index)
                     continue
-                case Load() | Reduce():
+                case Load() | Reduce() | Element(partial=True):
                     return False
                 case Bin(Op.FLOORDIV | Op.MOD, _, Const(k)) if k:
                     pass

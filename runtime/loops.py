@@ -91,6 +91,9 @@ class Element(Expr):
     index: tuple[Expr, ...]
     dtype: str
     buffer: bool = False  # `array` is a buffer of the kernel's (named and listed by the emitter)
+    # `array` is written only where it is read (a staged plane cut to `read_box`): a select that
+    # reads it keeps its branch, as for a buffer's load (`Emitter._speculable`)
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)

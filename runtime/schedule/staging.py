@@ -3,7 +3,8 @@ adjoint kept one plane at a time in a local array: every store to the buffer and
 becomes an element of the local at the indices past the planes' leading `depth` ones, and a lane
 fold's row of it the local itself (or its row). The loops over those leading dimensions are open
 outside the nests, so each iteration writes the plane before the consumer reads it. The local's
-elements are in range by construction: no run-time check, no wraparound guard.
+elements are in range by construction: no run-time check, no wraparound guard; but only those
+read are written (`read_box`), so a select keeps its branch (`Element.partial`).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def stage_plane(s: Stmt, buffer: str, depth: int, local: str, dtype: str) -> Stm
     """`s` with buffer `buffer`'s plane (its indices past the first `depth`) read from and written
     to the local array `local` of `dtype`."""
     def plane(index: tuple[Expr, ...]) -> Element:
-        return Element(local, tuple(map(expr, index[depth:])), dtype)
+        return Element(local, tuple(map(expr, index[depth:])), dtype, partial=True)
 
     def expr(e):
         match e:

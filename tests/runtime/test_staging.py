@@ -2,11 +2,14 @@
 gradient against the same one with the pass's decision turned off."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 import halide_ad as hd
 from halide_ad import ops
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Select, Var
+from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import (Accumulate, Element, Fold, For, Hoisted, Kind, Lanes, Let, Local, Row, Store,
                                      block)
 from halide_ad.runtime.schedule.staging import stage_plane
@@ -33,7 +36,7 @@ def test_the_planes_stores_and_reads_become_the_locals_elements():
     out = stage_plane(block(producer, consumer), "adj_p", 1, "stage1", "float32")
 
     def at(*index):
-        return Element("stage1", tuple(index), "float32")
+        return Element("stage1", tuple(index), "float32", partial=True)
 
     assert out == block(
         For(j, 0, 4, Kind.SERIAL, block(Let(at(j), Load("x", (n, j), "float32")))),  # a store: the local's element
@@ -41,9 +44,13 @@ def test_the_planes_stores_and_reads_become_the_locals_elements():
             Let(hoisted, at(j)),  # the hoisted local keeps its load (it prints as its name)
             Accumulate(Load("adj_q", (n, j), "float32"), Bin(Op.ADD, hoisted, at(_plus(j, 1))), augmented=True),
             Let(lanes, Fold("sum", Local("stage1", "float32"), 0, 4, lanes)))))  # a row of the plane: the local
+    # only the elements read are written: a select that reads one keeps its branch, as for a load
+    pick = Select(Bin(Op.GT, j, Const(0, INDEX_DTYPE)), at(j), Const(0.0, "float32"))
+    assert Emitter({}).expr(pick).startswith("(stage1[j] if ")
+    assert Emitter({}).expr(replace(pick, true=Element("row1", (j,), "float32"))).startswith("branchless(")
     # a plane of two dimensions: a row of it is the local's row
     row = stage_plane(Let(lanes, Fold("sum", Row(_p(n, i, Const(0, INDEX_DTYPE))), 0, 4, lanes)), "adj_p", 1, "s", "float32")
-    assert row.value.row == Element("s", (i,), "float32")
+    assert row.value.row == Element("s", (i,), "float32", partial=True)
 
 
 def _pipeline(a):
