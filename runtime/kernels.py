@@ -211,8 +211,7 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
                folded=(), scratch: list[Buffer] | None = None) -> Stmt:
     """Adjoints `members` in one loop nest over their leading `depth` dimensions, the last of
     them parallel, a plane of each per iteration (`schedule.stage.row_group`); `staged(m)`:
-    adjoint m and the next one's `stage_depth`. Each member's statements are resolved as they
-    are built, in order (the kernel lists its buffers so). `folded`: (plan, gathers) of the sums
+    adjoint m and the next one's `stage_depth`. `folded`: (plan, gathers) of the sums
     over the rows that follow (`column_parts`): the rows then run in parallel blocks, each adding
     its rows' terms into a row of partial sums, a buffer appended to `scratch`, and the blocks'
     rows are added in order after the group."""
@@ -221,8 +220,8 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
         blocks, row, part = row_blocks(first.adjoint.shape[0]), first.new_vars[0], Var("part")
         parts = [_parts(em, plan, blocks, scratch) for plan, _ in folded]
         part_name = em.name(part)
-        zeros = emit.resolve(block(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
-                                     for (plan, _), name in zip(folded, parts, strict=True))), em)
+        zeros = block(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
+                        for (plan, _), name in zip(folded, parts, strict=True)))
         start = f"{part_name} * {blocks.size}"
         loops_ = [(em.name(row), start, f"{start} + {blocks.size}", Kind.SERIAL)]
     else:
@@ -239,16 +238,16 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
             if em.name(mine) != em.name(theirs):
                 out.append(Let(mine, theirs))
         out.append(_staged(em, computed, m, staged(m), nest, depth) if unit == 2 else nest(m, depth))
-        body.append(emit.resolve(block(*out), em))
+        body.append(block(*out))
         m += unit
     if not folded:
         return loop_nest(loops_, block(*body))
     for (plan, gs), name in zip(folded, parts, strict=True):
         target = Load(name, (part, plan.new_vars[0]), "float64")
-        body.append(emit.resolve(block(
+        body.append(block(
             Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
                     f"this block's rows added into {name}"),
-            *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces)), em))
+            *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces)))
     combined = []
     for (plan, _), name in zip(folded, parts, strict=True):
         col, acc, b = plan.new_vars[0], Local("acc", "float64"), Var("part")
@@ -257,7 +256,7 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
             For(b, 1, blocks.count, Kind.SERIAL, block(Accumulate(acc, Load(name, (b, col), "float64")))),
             Store(adjoint_name(plan.adjoint.buffer), (col,), acc))))
     group = For(part_name, 0, blocks.count, Kind.PARALLEL, block(zeros, loop_nest(loops_, block(*body))))
-    return block(group, emit.resolve(block(*combined), em))
+    return block(group, *combined)
 
 
 def _parts(em: Emitter, plan, blocks, scratch: list[Buffer]) -> str:

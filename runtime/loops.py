@@ -240,9 +240,8 @@ class Comment:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A line of Python text, and the statements nested under it: a statement printed by
-    runtime/emit.py (`resolve`), which a nest resolved early (a staged pair's, `kernels._staged`)
-    carries."""
+    """A line of Python text, and the statements nested under it: a statement as runtime/emit.py
+    prints it (`resolve`). Only the emitter makes them."""
     text: str
     body: Block = Block()
 
