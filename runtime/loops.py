@@ -303,7 +303,7 @@ def map_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> Stmt:
             return replace(s, cond=cond, then=then, otherwise=otherwise and map_exprs(otherwise, fn))
         case Fail(_, value):
             return replace(s, value=fn(value))
-        case Spans(body=body) | Source(body=body):
+        case Spans(body=body):
             return replace(s, body=map_exprs(body, fn))
     return s  # Allocate, Comment
 
