@@ -26,9 +26,9 @@ from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import children as expr_children
 from halide_ad.runtime.lanes import FOLD
-from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Comment, Element, Fail, Fold,
-                                     For, Hoisted, If, Kind, Lanes, Let, Local, Row, Source, Stmt, Store, block,
-                                     walk)
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Combine, Comment, Element, Fail,
+                                     Fold, For, Hoisted, If, Improves, Kind, Lanes, Let, Local, Row, Source, Spans, Stmt, Store,
+                                     Table, block, walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -143,6 +143,13 @@ def resolve(s: Stmt, em) -> Stmt:
         case For(var, lo, hi, kind, body, step):
             name = var if isinstance(var, str) else em.name(var)
             return For(name, _bound(lo, em), _bound(hi, em), kind, resolve(body, em), step)
+        case Spans(var, (lo, hi), n, inside, body):
+            name = var if isinstance(var, str) else em.name(var)
+            spans = f"((0, {lo}), ({hi}, {n}))"
+            tests = " and ".join(f"{a} <= {v if isinstance(v, str) else em.name(v)} <= {b}" for v, a, b in inside)
+            return block(Source(f"spans = {spans} if {tests} else ((0, {n}), ({n}, {n}))" if inside else f"spans = {spans}"),
+                         Source("for span in spans:", block(For(name, "span[0]", "span[1]", Kind.SERIAL,
+                                                                resolve(body, em)))))
         case Store(buffer, index, value):
             return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
         case Accumulate(Load(buffer, index, _, loc), value, "sum", True):
@@ -156,6 +163,8 @@ def resolve(s: Stmt, em) -> Stmt:
             return _with_inline(em, text)
         case Comment(text):
             return Source(f"# {text}")
+        case Allocate(array, (n,), dtype, True):
+            return Source(f"{array} = lanes.scratch({n}, np.{dtype})")
         case Allocate(array, shape, dtype):
             return Source(f"{array} = np.empty({shape[0] if len(shape) == 1 else shape}, np.{dtype})")
         case Let(var, value):
@@ -261,9 +270,6 @@ class Emitter:
     # into constants, and typing an np.float32(...) call at every use made big kernels compile
     # ~25% slower. Text -> name.
     literals: dict[str, str] = field(default_factory=dict)
-    # adjoints kept one plane at a time in a local array (schedule/stage.py): buffer -> (the
-    # leading dimensions the enclosing loops fix, the local's name)
-    staged: dict[str, tuple[int, str]] = field(default_factory=dict)
     buffers: dict[str, str] = field(default_factory=dict)  # buffer -> its name in the kernel (`buffer`)
     _temps: int = 0  # the temporaries named so far (`temp`)
 
@@ -299,14 +305,8 @@ class Emitter:
             return text
         return self.literals.setdefault(f"np.float32({text})", f"f32_{len(self.literals)}")
 
-    def table(self, rows: list[list], dtype: str) -> str:
-        """A module-level constant array of these rows."""
-        return self.literals.setdefault(f"np.array({rows!r}, np.{dtype})", f"tab_{len(self.literals)}")
 
     def index(self, buffer: str, index: tuple[Expr, ...], loc_text: str) -> str:
-        if buffer in self.staged:
-            depth, local = self.staged[buffer]
-            return f"{local}[{', '.join(self.expr(e) for e in index[depth:])}]"
         self.used[buffer] = None
         local = self.buffer(buffer)
         if not index:
@@ -328,11 +328,9 @@ class Emitter:
         return f"{local}[{', '.join(parts)}]"
 
     def row(self, buffer: str, lead: tuple[Expr, ...], loc_text: str) -> str:
-        """The last-axis row of `buffer` at its leading indices `lead`: a view (a staged plane's
-        local, or the buffer itself, where nothing is left to index)."""
-        if buffer in self.staged and len(lead) <= self.staged[buffer][0]:
-            return self.staged[buffer][1]
-        if not lead and buffer not in self.staged:
+        """The last-axis row of `buffer` at its leading indices `lead`: a view (the buffer itself,
+        where nothing is left to index)."""
+        if not lead:
             self.used[buffer] = None
             return self.buffer(buffer)
         return self.index(buffer, lead, loc_text)
@@ -393,11 +391,14 @@ class Emitter:
                 return self.cast(self.expr(v), dtype)
             case Local(name):
                 return name
-            case Element(array, index, _, buffer):
+            case Element(array, index, _, buffer, _):
                 if buffer:
                     self.used.setdefault(array, None)
                     array = self.buffer(array)
+                array = self.expr(array) if isinstance(array, Table) else array
                 return f"{array}[{', '.join(self.expr(i) for i in index)}]"
+            case Table(rows, dtype):  # (a module-level constant, defined once)
+                return self.literals.setdefault(f"np.array({rows}, np.{dtype})", f"tab_{len(self.literals)}")
             case Chain(op, args, grouped):
                 text = f" {op.value} ".join(map(self.expr, args))
                 return f"({text})" if grouped else text
@@ -407,6 +408,11 @@ class Emitter:
                 return self.row(buffer, index[:-1], str(loc) if loc else show(e.first))
             case Fold(op, row, lo, hi, lanes):
                 return f"lanes.{FOLD[op]}({self.expr(row)}, {lo}, {hi}, ({self.expr(lanes)}))"
+            case Combine(op, lhs, rhs):
+                return f"({COMBINE[op].format(self.expr(lhs), self.expr(rhs))})"
+            case Improves(op, val, acc, arg):
+                v, a = self.expr(val), self.expr(acc)
+                return f"{self.expr(arg)} < 0 or {v} {'>' if op == 'max' else '<'} {a} or ({v} != {v} and {a} == {a})"
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")
@@ -422,7 +428,7 @@ class Emitter:
                 case Hoisted(load=load):  # read already: only its index is computed here
                     stack.extend(load.index)
                     continue
-                case Load() | Reduce():
+                case Load() | Reduce() | Element(partial=True):
                     return False
                 case Bin(Op.FLOORDIV | Op.MOD, _, Const(k)) if k:
                     pass

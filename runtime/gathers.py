@@ -5,17 +5,16 @@ A gather loop nest without a Split is one perfect nest, whose parallel loop the 
 pass picks. One with a Split (schedule/boundary.py) runs the interior box with its specialized
 gathers, the regions around it, the edge columns inside the box's row loop, the phases of a
 strided dimension, a separable window's two passes over a ring of rows (schedule/separable.py),
-the corners whose gathers are constant taps as one loop over tables (schedule/corners.py);
+the corners whose gathers are constant taps as one loop over tables (the `tabled_points` pass
+over the regions' nests, schedule/corners.py);
 loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading` rewrite the
 iteration's statements); an adjoint whose windows walk memory along its last dimension runs a
 row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`); a box's
 windows that read along its last dimension run a row at a time, each tap added to the whole row
 (`tap_rows`). A point's guarded pieces follow its sums, the reductions inside them computed
 before (`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`).
-
-Text lines left (Source nodes): a box without regions looping over its spans (`for span in
-spans:`, a tuple of ranges) and the headers of the tabled points' loops (`for tap in
-range(count[point]):`; a For prints its lower bound).
+A box without regions runs the general gathers' plain nest only outside it (the `outside_box`
+pass, schedule/spans.py).
 """
 from __future__ import annotations
 
@@ -30,17 +29,18 @@ from halide_ad.affine import Affine
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, Element, For, Kind, Let, Local, Source, Stmt,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Stmt,
                                      Store, block, map_exprs, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
-from halide_ad.runtime.schedule.corners import tabled_points
+from halide_ad.runtime.schedule.corners import points_to_table, tabled_points
 from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import ring_rows, separable_window
+from halide_ad.runtime.schedule.spans import outside_box
 from halide_ad.traverse import map_children
 
 
@@ -49,7 +49,7 @@ def _kind(parallel: bool) -> Kind:
 
 
 def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: str, opened: int = 0,
-                    terms: float = 1, by_rows=None) -> Stmt:
+                    terms: float = 1, by_rows=None, staged: frozenset[str] = frozenset()) -> Stmt:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
@@ -59,7 +59,7 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     loops over the first `opened` dimensions are open already (outside the nest returned);
     `terms` is the gathers' terms per point. `by_rows(gathers, var, lo, hi)` is the box's
     gathers over a row of the last dimension, columns lo..hi-1, a row at a time (`tap_rows`),
-    or None."""
+    or None. `staged`: the buffers a pass reads a plane at a time (`stage_plane`)."""
     par = parallel_dim(shape, terms)
     dims = cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
@@ -167,25 +167,19 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
-    points = tabled_points(around, vars_[first:], em.staged)
-    tabled = {id(region) for region, _ in points}
-    out += regions([r for r in around if id(r[0]) not in tabled], False)
-    if points:
-        out.append(_tabled_points(em, points, vars_[first:], body))
+    chosen = points_to_table(around, vars_[first:], staged)
+    if chosen:
+        points = [(k, region, taps) for k, (region, _) in enumerate(around) for r, taps in chosen if r is region]
+        dtype = chosen[0][1][0][0].dtype
+        run = body([], terms=[(Local("taps", dtype), 1.0)], terms_dtype=dtype)
+        out += schedule.run(tabled_points, Block(tuple(regions(around, False))), points, vars_[first:], run).body
+    else:
+        out += regions(around, False)
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
-        # no regions: the general gathers run outside the box, where the last box dimension runs the
-        # spans below and above it if the outer ones are inside it, else its whole extent
-        loops_ = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(first, last)]
-        n, (lo, hi) = shape[last], box[vars_[last]]
-        spans = f"((0, {lo}), ({hi + 1}, {n}))"
-        inside = [f"{box[vars_[d]][0]} <= {em.name(vars_[d])} <= {box[vars_[d]][1]}" for d in dims if d < last]
-        name = em.name(vars_[last])
-        row = For(name, "span[0]", "span[1]", Kind.SERIAL,
-                  block(_full_loops(em, vars_, shape, range(last + 1, len(vars_)), par, body(gathers))))
-        out.append(nest(loops_, block(
-            Source(f"spans = {spans} if {' and '.join(inside)} else ((0, {n}), ({n}, {n}))" if inside else
-                   f"spans = {spans}"),
-            Source("for span in spans:", block(row)))))
+        # no regions: the general gathers run outside the box
+        plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
+        inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
+        out.append(schedule.run(outside_box, plain, em.name(vars_[last]), box[vars_[last]], inside))
     if not separable:
         out += the_box()
     return nest(outer, block(*out))
@@ -237,36 +231,6 @@ def _separable(em: Emitter, split, vars_, shape, body) -> Stmt:
 def _full_loops(em: Emitter, vars_, shape, dims, par, inner: Stmt) -> Stmt:
     """`inner` in a loop over the whole extent of each of `dims`."""
     return nest([(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in dims], inner)
-
-
-def _tabled_points(em: Emitter, points, dims, body) -> Stmt:
-    """One loop over the points (`tabled_points`): each point's position, and its taps'
-    constant indices and weights, read from module-level tables; `body` stores the sum."""
-    per_point = [taps for _, taps in points]
-    load, lead, _ = per_point[0][0]
-    width = max(len(taps) for taps in per_point)
-    at = [v for v in dims if v in points[0][0]]
-    where = em.table([[region[v][0] for v in at] for region, _ in points], "int64")
-    tail = len(load.index) - lead
-    # rows padded to the longest; a point runs only its own count of taps (a padding tap at weight
-    # 0 would still turn an inf it read into nan)
-    index = em.table([[[e.value for e in t[0].index[lead:]] for t in taps] + [[0] * tail] * (width - len(taps))
-                      for taps in per_point], "int64")
-    weight = em.table([[t[2] for t in taps] + [0.0] * (width - len(taps)) for taps in per_point], load.dtype)
-    count = em.table([len(taps) for taps in per_point], "int64")
-    point, tap, taps = Local("point", INDEX_DTYPE), Local("tap", INDEX_DTYPE), Local("taps", load.dtype)
-
-    def const(k: int) -> Const:
-        return Const(k, INDEX_DTYPE)
-
-    read = Element(load.buffer, load.index[:lead] + tuple(
-        Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype, buffer=True)
-    add = Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True)
-    return Source(f"for point in range({len(points)}):", block(
-        *(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
-        Let(taps, Const(0, load.dtype)),
-        Source(f"for tap in range({count}[point]):", block(add)),
-        body([], terms=[(taps, 1.0)], terms_dtype=load.dtype)))
 
 
 def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:

@@ -12,13 +12,13 @@ the sums over those rows that follow in the same loop, per block of rows
 Every forward nest but the split ones (pointwise, sums and products, max and min, argmax and
 argmin), a gather's pieces and the fallback scatters come from runtime/lower.py, scheduled by the
 passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accumulators`,
-`fuse_rows`). The split forward nests (`pointwise_split`), the gather loop nests
-(runtime/gathers.py) and the staging here are built as whole nests following the decisions of
-runtime/schedule/ (`interior`, `pointwise_split`, `separable_window`, `tabled_points`,
-`loads_to_hoist`, `gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`).
-Each adjoint's nest is resolved (`Emitter.put`) as soon as it is built: the kernel lists its
-buffers in that order, and a staged plane's reads print from its local only while its pair of
-nests is resolved.
+`fuse_rows`). The split forward nests (`pointwise_split`) and the gather loop nests
+(runtime/gathers.py) are built as whole nests following the decisions of runtime/schedule/
+(`interior`, `pointwise_split`, `separable_window`, `tabled_points`, `loads_to_hoist`,
+`gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`); a staged pair's
+nests then keep the first adjoint's plane in a local array (the `stage_plane` pass). Each
+adjoint's nest is resolved (`Emitter.put`) as soon as it is built: the kernel lists its buffers
+in that order.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
-from halide_ad.runtime.loops import (Accumulate, Chain, Comment, For, Kind, Let, Local, Source, Stmt, Store, block,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
                                      nest as loop_nest, walk)
 from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
                                        scatter, split_loop_nest, tap_rows, weighted_sums, wide_gathers)
@@ -41,6 +41,7 @@ from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, p
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
+from halide_ad.runtime.schedule.staging import stage_plane
 from halide_ad.traverse import flat_index, walk as walk_expr
 
 
@@ -72,13 +73,13 @@ def emit_forward(program: Program, funcs: tuple[Func, ...], entry: str, local: f
             continue
         _emit_nests(em, run, local)
         run = []
-        em.put(Source(_comment(f)), _phased(em, f, split))
+        em.put(_comment(f), _phased(em, f, split))
     _emit_nests(em, run, local)
     return _function(em, entry), list(em.used), em.checks
 
 
-def _comment(f: Func) -> str:
-    return f"# {show_func(f)}" + (f"  ({f.loc})" if f.loc else "")
+def _comment(f: Func) -> Comment:
+    return Comment(show_func(f) + (f"  ({f.loc})" if f.loc else ""))
 
 
 def _forward_nest(f: Func, temp) -> Stmt:
@@ -99,7 +100,7 @@ def _emit_nests(em: Emitter, run: list[tuple[Func, Stmt]], local: frozenset[str]
     (`fuse_rows`), the `local` Funcs that one group alone reads a row at a time (`rows_local`)."""
     if not run:
         return
-    nests = schedule.run(fuse_rows, block(*(s for f, nest in run for s in (Source(_comment(f)), nest))))
+    nests = schedule.run(fuse_rows, block(*(s for f, nest in run for s in (_comment(f), nest))))
     nests = rows_local(nests, {f.name: (f.shape, f.dtype) for f, _ in run  # (an argindex is stored for a gradient)
                                if f.name in local and not f.keeps_argindex}, em.temp)
     for stmt in nests.body:
@@ -153,9 +154,9 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
         return (*emit_backward(program, kept, entry, private, temporaries)[:4], left)
     em = Emitter(shapes)
 
-    def nest(k: int, opened: int = 0, read=None) -> Stmt:
+    def nest(k: int, opened: int = 0, read=None, staged: frozenset[str] = frozenset()) -> Stmt:
         """Adjoint k's loop nest, inside `opened` loops already open; only the `read` box of it
-        where given (`clip_split`)."""
+        where given (`clip_split`); `staged`: the buffers read a plane at a time (`stage_plane`)."""
         plan, adj = computed[k], computed[k].adjoint
         name = adjoint_name(adj.buffer)
         split = splits[k] if read is None else clip_split(splits[k], plan.new_vars, adj.shape, read) or splits[k]
@@ -186,7 +187,8 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             em.index(name, plan.new_vars, name)  # (the adjoint first among the buffers its rows use)
             return row_gathers(plan, gathers[k], name, em.temp)
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
-        return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows)
+        return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows,
+                               staged)
 
     scratch: list[Buffer] = []
     k = 0
@@ -234,8 +236,7 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
                folded=(), scratch: list[Buffer] | None = None) -> Stmt:
     """Adjoints `members` in one loop nest over their leading `depth` dimensions, the last of
     them parallel, a plane of each per iteration (`schedule.stage.row_group`); `staged(m)`:
-    adjoint m and the next one's `stage_depth`. Each member's statements are resolved as they
-    are built, in order (the kernel lists its buffers so). `folded`: (plan, gathers) of the sums
+    adjoint m and the next one's `stage_depth`. `folded`: (plan, gathers) of the sums
     over the rows that follow (`column_parts`): the rows then run in parallel blocks, each adding
     its rows' terms into a row of partial sums, a buffer appended to `scratch`, and the blocks'
     rows are added in order after the group."""
@@ -244,8 +245,8 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
         blocks, row, part = row_blocks(first.adjoint.shape[0]), first.new_vars[0], Var("part")
         parts = [_parts(em, plan, blocks, scratch) for plan, _ in folded]
         part_name = em.name(part)
-        zeros = emit.resolve(block(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
-                                     for (plan, _), name in zip(folded, parts, strict=True))), em)
+        zeros = block(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
+                        for (plan, _), name in zip(folded, parts, strict=True)))
         start = f"{part_name} * {blocks.size}"
         loops_ = [(em.name(row), start, f"{start} + {blocks.size}", Kind.SERIAL)]
     else:
@@ -262,16 +263,16 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
             if em.name(mine) != em.name(theirs):
                 out.append(Let(mine, theirs))
         out.append(_staged(em, computed, m, staged(m), nest, depth) if unit == 2 else nest(m, depth))
-        body.append(emit.resolve(block(*out), em))
+        body.append(block(*out))
         m += unit
     if not folded:
         return loop_nest(loops_, block(*body))
     for (plan, gs), name in zip(folded, parts, strict=True):
         target = Load(name, (part, plan.new_vars[0]), "float64")
-        body.append(emit.resolve(block(
+        body.append(block(
             Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
                     f"this block's rows added into {name}"),
-            *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces)), em))
+            *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces)))
     combined = []
     for (plan, _), name in zip(folded, parts, strict=True):
         col, acc, b = plan.new_vars[0], Local("acc", "float64"), Var("part")
@@ -280,7 +281,7 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
             For(b, 1, blocks.count, Kind.SERIAL, block(Accumulate(acc, Load(name, (b, col), "float64")))),
             Store(adjoint_name(plan.adjoint.buffer), (col,), acc))))
     group = For(part_name, 0, blocks.count, Kind.PARALLEL, block(zeros, loop_nest(loops_, block(*body))))
-    return block(group, emit.resolve(block(*combined), em))
+    return block(group, *combined)
 
 
 def _parts(em: Emitter, plan, blocks, scratch: list[Buffer]) -> str:
@@ -300,10 +301,10 @@ def _columns(plan, s: Stmt) -> For:
 
 def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) -> Stmt:
     """Adjoint k and the next one, a plane of each per iteration of their leading `depth`
-    dimensions, adjoint k's plane in a local array (see `stage_depth`); `nest(k, opened)` builds
-    adjoint k's loop nest inside loops already open. The loops over the first `opened`
-    dimensions are open already (a row group's, the parallel one among them). Resolved (the
-    emitter reads the staged plane's local while it prints these nests)."""
+    dimensions, adjoint k's plane in a local array (see `stage_depth`, `stage_plane`);
+    `nest(k, opened, read, staged)` builds adjoint k's loop nest inside loops already open. The
+    loops over the first `opened` dimensions are open already (a row group's, the parallel one
+    among them)."""
     producer, consumer = computed[k], computed[k + 1]
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
@@ -312,18 +313,14 @@ def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) ->
                       f"reading {name} one plane at a time from {stage}")
     par = parallel_dim(shape)
     plane = producer.adjoint.shape[depth:]
-    allocate = Source(f"{stage} = lanes.scratch({plane[0]}, np.{dtype})" if len(plane) == 1 and plane[0] <= SCRATCH_MAX
-                      else f"{stage} = np.empty({tuple(plane)}, np.{dtype})")  # (a row on the stack: no malloc per row)
+    allocate = Allocate(stage, tuple(plane), dtype, stack=len(plane) == 1 and plane[0] <= SCRATCH_MAX)
     loops_ = [(d, em.name(consumer.new_vars[d])) for d in range(opened, depth)]
     body = [Let(mine, theirs) for mine, theirs in zip(producer.new_vars[:depth], consumer.new_vars[:depth], strict=True)
             if em.name(mine) != em.name(theirs)]
-    em.staged[name] = (depth, stage)
-    body += [nest(k, depth, read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)],
-                                     depth)), nest(k + 1, depth)]
-    inner: Stmt = block(*body)
+    read = read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)], depth)
+    pair = block(nest(k, depth, read, {name}), nest(k + 1, depth, staged={name}))
+    inner: Stmt = block(*body, schedule.run(stage_plane, pair, name, depth, stage, dtype))
     for d, var in reversed(loops_):
         inner = For(var, 0, shape[d], Kind.PARALLEL if d == par else Kind.SERIAL,
                     block(allocate, inner) if d == par else block(inner))  # (one plane per thread)
-    out = emit.resolve(block(comment, allocate, inner) if par is None or par < opened else block(comment, inner), em)
-    del em.staged[name]
-    return out
+    return block(comment, allocate, inner) if par is None or par < opened else block(comment, inner)

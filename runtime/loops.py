@@ -3,11 +3,8 @@
 `runtime/lower.py` builds plain nests from Funcs, the passes under `runtime/schedule/` rewrite
 them, and `runtime/emit.py` prints them as the Python that numba compiles, outlining each parallel
 loop into the functions `parallel_for` runs. Values, indices and conditions are `halide_ad.ir`
-expressions. A `Source` node is a line of hand-written Python for what has no node of its own yet:
-lowered nests use two, named where they are made: the lanes' combination (`split_accumulators`)
-and the NaN rule of an extremum's test (`lower.extremum`); the gather loop nests of
-runtime/gathers.py a few (named in its docstring), and a staged plane's allocation
-(`kernels._staged`).
+expressions. A `Source` node is a printed line: what runtime/emit.py resolves each statement to
+(`emit.resolve`); no builder or pass makes one.
 """
 from __future__ import annotations
 
@@ -48,6 +45,19 @@ class For:
 
 
 @dataclass(frozen=True, slots=True)
+class Spans:
+    """`body` for `var` in [0, gap[0]), then in [gap[1], extent): a dimension's points outside a
+    box's extent, where each of `inside` (var, lo, hi: lo <= var <= hi, the enclosing loops' box
+    ranges) holds; where one fails, for `var` in [0, extent). One loop over a tuple of the two
+    spans, so that numba compiles the body once. `var` is named as a For's is."""
+    var: Var | str
+    gap: tuple[int, int]
+    extent: int
+    inside: tuple[tuple[Var | str, int, int], ...]
+    body: Block
+
+
+@dataclass(frozen=True, slots=True)
 class Local(Expr):
     """A local variable of the kernel's own (an accumulator, a lane of partial sums), which the
     pass that introduces it names: `acc`, `acc_lane3`. Generated names never clash with the
@@ -65,14 +75,25 @@ class Hoisted(Local):
 
 
 @dataclass(frozen=True, slots=True)
+class Table(Expr):
+    """A module-level constant array, `rows` (Python text of nested lists) of `dtype`, which the
+    emitter defines once and names (`tab_<k>`): numba freezes globals into constants."""
+    rows: str
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
 class Element(Expr):
-    """array[index]: an element of a local array (Allocate) or a module-level table, indexed
-    within its shape by construction (no check, no wraparound); or of a buffer at indices read
-    from such a table (a corner's taps, `gathers._tabled_points`), where `buffer` says so."""
-    array: str
+    """array[index]: an element of a local array (Allocate) or a Table, indexed within its shape
+    by construction (no check, no wraparound); or of a buffer at indices read from a table (a
+    corner's taps, schedule/corners.py), where `buffer` says so."""
+    array: str | Table
     index: tuple[Expr, ...]
     dtype: str
     buffer: bool = False  # `array` is a buffer of the kernel's (named and listed by the emitter)
+    # `array` is written only where it is read (a staged plane cut to `read_box`): a select that
+    # reads it keeps its branch, as for a buffer's load (`Emitter._speculable`)
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +150,31 @@ class Chain(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Combine(Expr):
+    """`lhs` and `rhs` combined as Accumulate combines (`op`: sum, prod, max or min): the lanes of
+    a reduction combined in a fixed tree (schedule/accumulate.py)."""
+    op: str
+    lhs: Expr
+    rhs: Expr
+
+    @property
+    def dtype(self) -> str:
+        return dtype_of(self.lhs)
+
+
+@dataclass(frozen=True, slots=True)
+class Improves(Expr):
+    """Whether `val` takes the place of `acc` as the max or min (`op`) found so far: none yet
+    (`arg` < 0), a better value, or a NaN over a number (numpy's rule; of equal values the
+    first wins)."""
+    op: str
+    val: Expr
+    acc: Expr
+    arg: Expr
+    dtype: str = "bool"
+
+
+@dataclass(frozen=True, slots=True)
 class Store:
     """buffer[index] = value"""
     buffer: str
@@ -177,10 +223,13 @@ class Fail:
 
 @dataclass(frozen=True, slots=True)
 class Allocate:
-    """array = an uninitialized local array of `shape` and `dtype` (a row of partial sums)."""
+    """array = an uninitialized local array of `shape` and `dtype` (a row of partial sums);
+    `stack`: a row of at most lanes.SCRATCH_MAX elements on the kernel's stack (`lanes.scratch`:
+    no heap allocation per iteration)."""
     array: str
     shape: tuple[int, ...]
     dtype: str
+    stack: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,20 +240,20 @@ class Comment:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A line of Python text, and the statements nested under it (`if ...:`, a loop written as
-    text, a comment). The code generator's statements not lowered to nodes yet."""
+    """A line of Python text, and the statements nested under it: a statement as runtime/emit.py
+    prints it (`resolve`). Only the emitter makes them."""
     text: str
     body: Block = Block()
 
 
-Stmt = Block | For | Store | Accumulate | If | Let | Fail | Allocate | Comment | Source
+Stmt = Block | For | Spans | Store | Accumulate | If | Let | Fail | Allocate | Comment | Source
 
 
 def children(s: Stmt) -> tuple[Stmt, ...]:
     match s:
         case Block(body):
             return body
-        case For(body=body) | Source(body=body):
+        case For(body=body) | Spans(body=body) | Source(body=body):
             return (body,)
         case If(_, then, otherwise):
             return (then,) if otherwise is None else (then, otherwise)
@@ -254,7 +303,7 @@ def map_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> Stmt:
             return replace(s, cond=cond, then=then, otherwise=otherwise and map_exprs(otherwise, fn))
         case Fail(_, value):
             return replace(s, value=fn(value))
-        case Source(_, body):
+        case Spans(body=body):
             return replace(s, body=map_exprs(body, fn))
     return s  # Allocate, Comment
 
@@ -278,14 +327,18 @@ def _show(s: Stmt, depth: int) -> list[str]:
         case For(var, lo, hi, kind, body, step):
             head = f"{pad}for {_expr(var)} in [{_expr(lo)}, {_expr(hi)}){f' step {step}' if step != 1 else ''}:"
             return [head + ("" if kind is Kind.SERIAL else f"  # {kind.value}")] + _show(body, depth + 1)
+        case Spans(var, (lo, hi), n, inside, body):
+            where = " and ".join(f"{a} <= {_expr(v)} <= {b}" for v, a, b in inside)
+            where = f" if {where}, else [0, {n})" if inside else ""
+            return [f"{pad}for {_expr(var)} in [0, {lo}) and [{hi}, {n}){where}:"] + _show(body, depth + 1)
         case Store(buffer, index, value):
             return [f"{pad}{buffer}[{', '.join(map(_expr, index))}] = {_expr(value)}"]
         case Accumulate(target, value, op, augmented):
             return [f"{pad}{_expr(target)} {'+=' if augmented else f'{op}='} {_expr(value)}"]
         case Let(var, value):
             return [f"{pad}{_expr(var)} = {_expr(value)}"]
-        case Allocate(array, shape, dtype):
-            return [f"{pad}{array} = empty({shape}, {dtype})"]
+        case Allocate(array, shape, dtype, stack):
+            return [f"{pad}{array} = {'scratch' if stack else 'empty'}({shape}, {dtype})"]
         case Fail(message, value):
             return [f"{pad}fail({_expr(value)}): {message}"]
         case If(cond, then, otherwise):
@@ -306,7 +359,9 @@ def _expr(e) -> str:
         case Local(name):
             return name
         case Element(array, index, _):
-            return f"{array}[{', '.join(map(_expr, index))}]"
+            return f"{_expr(array)}[{', '.join(map(_expr, index))}]"
+        case Table(rows, dtype):
+            return f"table({rows}, {dtype})"
         case Chain(op, args, grouped):
             text = f" {op.value} ".join(map(_expr, args))
             return f"({text})" if grouped else text
@@ -316,4 +371,8 @@ def _expr(e) -> str:
             return f"row({show_expr(first)})"
         case Fold(op, row, lo, hi, lanes):
             return f"fold_{op}({_expr(row)}, {lo}, {hi}, ({_expr(lanes)}))"
+        case Combine(op, lhs, rhs):
+            return f"{op}({_expr(lhs)}, {_expr(rhs)})"
+        case Improves(op, val, acc, arg):
+            return f"improves_{op}({_expr(val)}, {_expr(acc)}, {_expr(arg)})"
     return show_expr(e)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from halide_ad.ir import INDEX_DTYPE, Const, Expr, Func, Load, Reduce, dtype_of, is_float
-from halide_ad.runtime.loops import Accumulate, Block, For, If, Kind, Let, Local, Source, Stmt, Store, block, nest
+from halide_ad.runtime.loops import Accumulate, Block, For, If, Improves, Kind, Let, Local, Stmt, Store, block, nest
 
 LONG_SUM = 256  # terms from which a float32 sum or product accumulates in float64
 
@@ -65,8 +65,7 @@ def extremum(r: Reduce, position: Expr) -> Block:
     first extremal element wins; a NaN wins over numbers, as in numpy."""
     dtype = dtype_of(r.body) if r.op in ("argmax", "argmin") else dtype_of(r)
     acc, arg, val = Local("acc", dtype), Local("arg", INDEX_DTYPE), Local("val", dtype_of(r.body))
-    better = ">" if r.op in ("max", "argmax") else "<"
-    take = Source(f"if arg < 0 or val {better} acc or (val != val and acc == acc):", block(Let(acc, val), Let(arg, position)))
+    take = If(Improves("max" if r.op in ("max", "argmax") else "min", val, acc, arg), block(Let(acc, val), Let(arg, position)))
     step = block(Let(val, r.body), take)
     loops = [(rv.var, rv.lo, rv.hi, Kind.SERIAL) for rv in r.rvars]
     return block(Let(acc, identity(r.op, dtype)), Let(arg, Const(-1, INDEX_DTYPE)),

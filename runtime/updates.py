@@ -13,7 +13,7 @@ from halide_ad.runtime import emit, lower_updates
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.compile import compile_kernel
 from halide_ad.runtime.execute import Kernel, NumbaStep
-from halide_ad.runtime.loops import Source, Stmt, block
+from halide_ad.runtime.loops import Comment, Stmt, block
 from halide_ad.runtime.loops import show as show_nest
 from halide_ad.runtime.lower_updates import bins_buffer, tape_buffer
 from halide_ad.solver.updates import Schedule, schedule
@@ -30,9 +30,9 @@ def emit_update(u: Update, shapes: dict[str, tuple[int, ...]],
     em.used[u.name] = None  # (the output first among the kernel's parameters)
     if u.taped:
         em.used[tape_name(u.name)] = None
-    comment = (f"# update of {u.prev} (rung {s.rung}): {u.name}[{', '.join(map(show, u.index))}] = {show(u.value)}"
-               + (f"  ({u.loc})" if u.loc else ""))
-    source = emit.function(em, entry, block(Source(comment), _dumped(lower_updates.forward(u, s))))
+    comment = Comment(f"update of {u.prev} (rung {s.rung}): {u.name}[{', '.join(map(show, u.index))}] = {show(u.value)}"
+                      + (f"  ({u.loc})" if u.loc else ""))
+    source = emit.function(em, entry, block(comment, _dumped(lower_updates.forward(u, s))))
     return source, list(em.used), em.checks, s
 
 
@@ -44,8 +44,8 @@ def emit_reverse_scan(scan: ReverseScan, shapes: dict[str, tuple[int, ...]],
     em = Emitter(dict(shapes) | {adjoint_name(n): scan.writes_shape for n, _ in scan.stored}
                  | {adjoint_name(scan.writes): scan.writes_shape, tape_name(u.name): scan.writes_shape}
                  | ({adjoint_name(scan.state): u.shape} if scan.state is not None else {}))
-    comment = f"# the update of {u.prev} run backwards" + (f"  ({u.loc})" if u.loc else "")
-    source = emit.function(em, entry, block(Source(comment), _dumped(lower_updates.reverse_scan(scan))))
+    comment = Comment(f"the update of {u.prev} run backwards" + (f"  ({u.loc})" if u.loc else ""))
+    source = emit.function(em, entry, block(comment, _dumped(lower_updates.reverse_scan(scan))))
     return source, list(em.used), em.checks
 
 

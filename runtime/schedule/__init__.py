@@ -14,6 +14,12 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `hoist.py`, `hoist_loads`: a gather loop nest's region iteration reads the loads it can once,
   at its top (the phases of a box's iteration share theirs: HALIDE_AD_SKIP=hoist_loads leaves
   those out too).
+* `corners.py`, `tabled_points`: a gather loop nest's lone points whose gathers are constant
+  taps (`points_to_table`) run as one loop over tables, after its other regions.
+* `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the general
+  nest runs only at the points outside the box (`loops.Spans`), before the box's own nest.
+* `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's
+  plane kept in a local array (HALIDE_AD_SKIP=stage_plane stages no pair).
 
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the
@@ -21,7 +27,7 @@ Decisions, pure functions of the IR, each tested on data:
 * `phases.py`, `pointwise_split`: a pointwise forward definition run in phases, or around an
   interior box where it is a sum of selects on its variables, like a gather.
 * `separable.py`, `separable_window`: whether the separable window runs as two passes.
-* `corners.py`, `tabled_points`: lone points whose gathers are constant taps, run from tables.
+* `corners.py`, `points_to_table`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `loads_to_hoist`: the loads an iteration reads once, at its top.
 * `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time; `taps_by_rows`:
   an interior box's windows run a row at a time, the window's loops outside the row's.
@@ -35,7 +41,7 @@ Decisions, pure functions of the IR, each tested on data:
 Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
 was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the
 nests a pass returns. HALIDE_AD_SKIP=interior (no split gather nests), separable_window,
-tabled_points, taps_by_rows, read_box and column_parts turn those decisions off too.
+taps_by_rows, read_box and column_parts turn those decisions off too.
 """
 from __future__ import annotations
 

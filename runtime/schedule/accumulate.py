@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, dtype_of, is_float
 from halide_ad.runtime.lanes import LANES, SCRATCH_MAX
-from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Element, Fold, For, If, Kind, Lanes, Let,
-                                     Local, Row, Source, Stmt, block)
+from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Combine, Element, Fold, For, If, Kind, Lanes,
+                                     Let, Local, Row, Stmt, block)
 from halide_ad.affine import linear_form
 from halide_ad.traverse import simplify, substitute, walk
 
@@ -23,13 +23,12 @@ def unit_stride(e: Expr, v: Var) -> bool:
                for n in walk(e) if isinstance(n, Load))
 
 
-def pairwise(names: list[str], op: str) -> str:
-    """((a + b) + (c + d)) + ...: the lanes combined in a fixed tree. `op` is "+" or "*", or a
-    format with two places ("{} + {}")."""
-    form = op if "{}" in op else f"{{}} {op} {{}}"
-    while len(names) > 1:
-        names = [f"({form.format(a, b)})" for a, b in zip(names[::2], names[1::2])] + names[len(names) // 2 * 2:]
-    return names[0]
+def pairwise(lanes: list[Local], op: str) -> Expr:
+    """((a + b) + (c + d)) + ...: the lanes combined in a fixed tree."""
+    terms: list[Expr] = list(lanes)
+    while len(terms) > 1:
+        terms = [Combine(op, a, b) for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) // 2 * 2:]
+    return terms[0]
 
 
 def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], op: str) -> Block:
@@ -48,7 +47,7 @@ def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], o
     row = Local(f"{lanes[0].name.split('_lane')[0]}_terms{term[-2:]}", term)  # float32 -> acc_terms32
     n = whole - lo
     return block(
-        Source(f"{row.name} = lanes.scratch({n}, np.{term})") if n <= SCRATCH_MAX else Allocate(row.name, (n,), term),
+        Allocate(row.name, (n,), term, stack=n <= SCRATCH_MAX),
         For(var, lo, whole, Kind.SERIAL, block(Let(Element(row.name, (simplify(Bin(Op.SUB, var, Const(lo, INDEX_DTYPE))),),
                                                           term), body))),
         Let(tuple_, Fold(op, row, 0, n, tuple_)))
@@ -94,7 +93,7 @@ def split_accumulators(s: Stmt) -> Stmt:
                     out.append(split_accumulators(stmt))
                     k += 1
             return Block(tuple(out))
-        case For(body=body) | Source(body=body):
+        case For(body=body):
             return replace(s, body=split_accumulators(body))
         case If(_, then, otherwise):
             return replace(s, then=split_accumulators(then), otherwise=otherwise and split_accumulators(otherwise))
@@ -120,7 +119,7 @@ def _split(init: Let, loops: Stmt) -> tuple[Stmt, ...] | None:
     nest: Stmt = block(*rounds)
     for loop in reversed(chain[:-1]):
         nest = replace(loop, body=block(nest))
-    combine = Source(f"{acc.name} = {pairwise([lane.name for lane in lanes], COMBINE[step.op])}")
+    combine = Let(acc, pairwise(lanes, step.op))
     return (init, *(Let(lane, init.value) for lane in lanes[1:]), *block(nest).body, combine)
 
 
@@ -139,7 +138,7 @@ def _split_window(loop: For) -> tuple[Stmt, ...] | None:
     whole = lo + (hi - lo) // LANES * LANES
     lanes = [Local(f"{acc.name}_lane{q}", acc.dtype) for q in range(LANES)]
     rounds = lane_rounds(loop.var, lo, whole, step.value, lanes, step.op)
-    combined = Source(f"{acc.name} += {pairwise([lane.name for lane in lanes], '+')}")
+    combined = Accumulate(acc, pairwise(lanes, "sum"), augmented=True)
     rest = (For(loop.var, whole, hi, Kind.SERIAL, block(step)),) if whole < hi else ()
     return (*(Let(lane, Const(0, acc.dtype)) for lane in lanes), *rounds.body, combined, *rest)
 

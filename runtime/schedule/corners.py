@@ -1,24 +1,24 @@
 """tabled_points: lone points around a gather loop nest's box whose gathers are constant taps
 (the corners of a bilinear gradient's planes: 9 taps each), run as one loop over tables of their
 taps. A specialized copy of the body per corner cost numba as much to compile as an edge's loop.
-runtime/gathers.py prints the loop and its tables.
+
+`points_to_table` decides which regions (of Split.outside) qualify; the pass `tabled_points`
+replaces their nests, among a gather loop nest's regions, by the loop over tables.
 """
 from __future__ import annotations
 
-from halide_ad import config
-from halide_ad.ir import Const, Load, dtype_of
+from halide_ad.ir import INDEX_DTYPE, Const, Load, Op, Var, dtype_of
 from halide_ad.runtime.contract import factors
+from halide_ad.runtime.loops import Accumulate, Block, Chain, Element, For, Kind, Let, Local, Stmt, Table, block
 from halide_ad.solver.bounds import checked_at_run_time
 
 
-def tabled_points(regions, dims, staged) -> list:
+def points_to_table(regions, dims, staged) -> list:
     """(region, its taps) for the regions among `regions` (Split.outside's (box, gathers) pairs)
     that are single points in `dims` and whose gathers are only constant times loads of one buffer
     at one leading index, the rest constants (`constant_taps`). Empty unless there are two or more,
     all reading the same buffer at the same leading index, and that buffer is not among `staged`
-    (a plane kept in a local array), or where HALIDE_AD_SKIP names tabled_points."""
-    if config.skipped("tabled_points"):
-        return []
+    (a plane kept in a local array)."""
     points = []
     for region, gs in regions:
         if not all(region[v][0] == region[v][1] for v in dims if v in region) or not gs:
@@ -56,3 +56,39 @@ def constant_taps(gs) -> list[tuple[Load, int, float]] | None:
     for load, _, scale in taps:
         weights[load] = weights.get(load, 0.0) + scale
     return [(load, taps[0][1], scale) for load, scale in weights.items()]
+
+
+def tabled_points(s: Block, points: list[tuple[int, dict, list]], dims: tuple[Var, ...], run: Stmt) -> Block:
+    """`s`, a gather loop nest's regions (one statement each), without the lone points of `points`
+    ((k, region, its taps): `s.body[k]` runs `region`, `points_to_table`'s choice), which run
+    after the rest as one loop over tables: each point's position in `dims`, and its taps'
+    constant indices and weights. `run` stores a point's value from the local `taps`, the sum of
+    its taps. A point runs only its own count of taps: rows are padded to the longest, and a
+    padding tap at weight 0 would still turn an inf it read into nan."""
+    if not points:
+        return s
+    per_point = [taps for _, _, taps in points]
+    load, lead, _ = per_point[0][0]
+    width = max(len(taps) for taps in per_point)
+    at = [v for v in dims if v in points[0][1]]
+    tail = len(load.index) - lead
+    where = Table(repr([[region[v][0] for v in at] for _, region, _ in points]), "int64")
+    index = Table(repr([[[e.value for e in t[0].index[lead:]] for t in taps] + [[0] * tail] * (width - len(taps))
+                        for taps in per_point]), "int64")
+    weight = Table(repr([[t[2] for t in taps] + [0.0] * (width - len(taps)) for taps in per_point]), load.dtype)
+    count = Table(repr([len(taps) for taps in per_point]), "int64")
+    point, tap, taps = Local("point", INDEX_DTYPE), Local("tap", INDEX_DTYPE), Local("taps", load.dtype)
+
+    def const(k: int) -> Const:
+        return Const(k, INDEX_DTYPE)
+
+    read = Element(load.buffer, load.index[:lead] + tuple(
+        Element(index, (point, tap, const(k)), INDEX_DTYPE) for k in range(tail)), load.dtype, buffer=True)
+    add = Accumulate(taps, Chain(Op.MUL, (read, Element(weight, (point, tap), load.dtype))), augmented=True)
+    loop = For(point.name, 0, len(points), Kind.SERIAL, block(
+        *(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
+        Let(taps, Const(0, load.dtype)),
+        For(tap.name, 0, Element(count, (point,), INDEX_DTYPE), Kind.SERIAL, block(add)),
+        run))
+    tabled = {k for k, _, _ in points}
+    return Block(tuple(c for k, c in enumerate(s.body) if k not in tabled) + (loop,))

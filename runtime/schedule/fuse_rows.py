@@ -13,10 +13,9 @@ A nest joins the group before it where
 * every buffer that it and a nest of the group share, one of them writing it, is read and
   written at an index whose leading component is the outer loop's variable: iteration i then
   reads only what iteration i wrote (or what no nest of the group writes).
-The nests are runtime/lower.py's: their Source lines are the lanes' combination and the NaN rule
-of an extremum, which name locals only; a nest whose loop variable is text (written as text by
-runtime/gathers.py) never joins. Comment lines between two nests of a group go inside the fused
-loop, before the later nest's body.
+The nests are runtime/lower.py's; a nest whose loop variable is text (named by runtime/gathers.py)
+never joins. Comments between two nests of a group go inside the fused loop, before the later
+nest's body.
 
 `rows_local` then keeps a Func that nothing outside its group reads (softmax's exp(x - max) in a
 plain call) one row at a time in a local array on the stack, instead of a buffer written out in
@@ -28,7 +27,7 @@ from dataclasses import replace
 
 from halide_ad.ir import Expr, Load, Var
 from halide_ad.runtime.lanes import SCRATCH_MAX
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, For, If, Kind, Let, Local, Row, Source, Stmt,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Comment, Element, For, If, Kind, Let, Local, Row, Stmt,
                                      Store, block, walk)
 from halide_ad.traverse import substitute, walk as walk_expr
 
@@ -38,7 +37,7 @@ def fuse_rows(s: Block) -> Block:
     loop (see the module's docstring) as one loop whose body is theirs, in order."""
     out: list[Stmt] = []
     group: list[For] = []  # the nests of the open group, their loop variable renamed to the first's
-    comments: list[Source] = []  # comment lines after the group's last nest
+    comments: list[Comment] = []  # comments after the group's last nest
     for stmt in s.body:
         if _comment(stmt):
             comments.append(stmt)
@@ -56,7 +55,7 @@ def fuse_rows(s: Block) -> Block:
 
 
 def _comment(s: Stmt) -> bool:
-    return isinstance(s, Source) and not s.body.body and s.text.startswith("#")
+    return isinstance(s, Comment)
 
 
 def _candidate(s: Stmt) -> bool:
@@ -150,9 +149,7 @@ def _rename(s: Stmt, env: dict[Var, Var]) -> Stmt:
         case If(cond, then, otherwise):
             cond = tuple(substitute(c, env) for c in cond) if isinstance(cond, tuple) else substitute(cond, env)
             return replace(s, cond=cond, then=_rename(then, env), otherwise=otherwise and _rename(otherwise, env))
-        case Source(_, body):
-            return replace(s, body=_rename(body, env))
-        case Allocate():
+        case Allocate() | Comment():
             return s
     raise TypeError(f"not a statement: {s!r}")
 
@@ -186,7 +183,7 @@ def rows_local(s: Block, candidates: dict[str, tuple[tuple[int, ...], str]], tem
         elements = {e: Element(local, e.index[1:], dtype) for e in loads}
         body = _local_rows(group.body, name, Element(local, (), dtype),
                            lambda e: substitute(substitute(e, rows), elements))
-        out[k] = replace(group, body=block(Source(f"{local} = lanes.scratch({shape[1]}, np.{dtype})"), body))
+        out[k] = replace(group, body=block(Allocate(local, (shape[1],), dtype, stack=True), body))
     return Block(tuple(out))
 
 
@@ -209,6 +206,4 @@ def _local_rows(s: Stmt, name: str, row: Element, sub) -> Stmt:
             return replace(s, cond=tuple(map(sub, cond)) if isinstance(cond, tuple) else sub(cond),
                            then=_local_rows(then, name, row, sub),
                            otherwise=otherwise and _local_rows(otherwise, name, row, sub))
-        case Source(_, body):
-            return replace(s, body=_local_rows(body, name, row, sub))
     return s

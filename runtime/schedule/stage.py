@@ -1,9 +1,10 @@
 """stage_planes: two adjoints run a plane at a time together, the first one's plane kept in a
 local array that the second reads while it is in cache, instead of a buffer written out and read
 back (the maxpool gradient that a blur's gradient reads, in a blur -> relu -> maxpool pipeline).
-runtime/kernels.py opens the shared loops and prints both nests inside them. The first computes
+runtime/kernels.py opens the shared loops and builds both nests inside them, which the pass
+`stage_plane` (schedule/staging.py) rewrites to keep the plane in the local. The first computes
 only the part of its plane that the second reads (`read_box`, `clip_split`;
-HALIDE_AD_SKIP=read_box computes the whole plane)."""
+HALIDE_AD_SKIP=read_box computes the whole plane; HALIDE_AD_SKIP=stage_plane stages none)."""
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ def stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> i
     together, running one plane of each per iteration; 0 where they cannot. Adjoint k must be
     read by the next one only (`private`), the next one must read it at its own leading
     variables, and both loop nests must leave those dimensions whole."""
-    if k + 1 >= len(computed):
+    if k + 1 >= len(computed) or config.skipped("stage_plane"):
         return 0
     producer, consumer = computed[k], computed[k + 1]
     name = adjoint_name(producer.adjoint.buffer)

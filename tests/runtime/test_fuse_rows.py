@@ -15,7 +15,7 @@ from halide_ad.api import CALL, as_function
 from halide_ad.compiler import _private_adjoints, plan_gradient
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Var
 from halide_ad.runtime.gathers import gather_terms
-from halide_ad.runtime.loops import Accumulate, Block, Element, For, Kind, Let, Local, Source, Store, block, walk
+from halide_ad.runtime.loops import Accumulate, Allocate, Comment, Element, For, Kind, Let, Local, Store, block, walk
 from halide_ad.runtime.schedule import interior
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.stage import row_group
@@ -47,7 +47,7 @@ def _s_at(v: Var) -> Load:
 
 
 def test_nests_reading_the_same_row_join_one_loop():
-    comment = Source("# out = x / s")
+    comment = Comment("out = x / s")
     fused = fuse_rows(block(_row_sum("s", "x", i), comment, _scaled("out", "x", _s_at(k), k)))
     # one loop over i: the row's sum, the comment, then the row divided (k renamed to i)
     assert fused == block(For(i, 0, ROWS, Kind.PARALLEL, block(
@@ -90,8 +90,8 @@ def test_an_inner_loop_over_the_groups_variable_refuses_renaming():
 
 
 def test_a_statement_that_is_not_a_nest_ends_the_group():
-    text = Source("for q in range(4):", Block((Source("pass"),)))  # written as text: unknown reads
-    nests = block(_row_sum("s", "x", i), text, _scaled("out", "x", _s_at(i), i))
+    other = Allocate("t", (4,), "float64")
+    nests = block(_row_sum("s", "x", i), other, _scaled("out", "x", _s_at(i), i))
     assert fuse_rows(nests) == nests
 
 
@@ -99,7 +99,7 @@ def test_a_buffer_only_its_group_reads_is_kept_a_row_at_a_time():
     fused = fuse_rows(block(_row_sum("s", "x", i), _scaled("out", "x", _s_at(k), k)))
     names = iter(["row1"])
     (group,) = rows_local(fused, {"s": ((ROWS, 1), "float64")}, lambda base: next(names)).body
-    assert group.body.body[0] == Source("row1 = lanes.scratch(1, np.float64)")
+    assert group.body.body[0] == Allocate("row1", (1,), "float64", stack=True)
     stores = [n for n in walk(group) if isinstance(n, Store)]
     assert [n.buffer for n in stores] == ["out"] and stores[0].value.rhs == Element("row1", (Const(0, INDEX_DTYPE),), "float64")
     assert Let(Element("row1", (Const(0, INDEX_DTYPE),), "float64"), Local("acc", "float64")) in walk(group)

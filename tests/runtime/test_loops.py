@@ -8,11 +8,11 @@ import halide_ad as hd
 from halide_ad.ir import Bin, Const, Load, Op, Var
 from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Element, Fold, For, If, Kind, Let, Local, Source, Store, block,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Combine, Element, Fold, For, If, Kind, Let, Local, Store, block,
                                      Row, loops, nest, walk)
 from halide_ad.runtime.loops import show as loops_show
 from halide_ad.runtime.parallel import parallel_for
-from halide_ad.runtime.schedule.accumulate import LANES, split_accumulators
+from halide_ad.runtime.schedule.accumulate import LANES, pairwise, split_accumulators
 from halide_ad.runtime.schedule.parallel import choose_parallel
 from halide_ad.runtime.schedule.rows import interchange_rows
 
@@ -197,7 +197,9 @@ def test_split_accumulators_folds_a_long_contiguous_sum_in_lanes():
     assert [v.name for v in fold.lanes.locals] == ["acc"] + [f"acc_lane{q}" for q in range(1, LANES)]
     assert (fold.op, fold.row, fold.lo, fold.hi) == ("sum", Local("acc_terms32", "float32"), 0, 2 * LANES)
     assert [n.target.name for n in walk(rest) if isinstance(n, Accumulate)] == ["acc"]
-    assert sum(isinstance(n, Let) and isinstance(n.var, Local) for n in walk(s)) == LANES  # each at the identity
+    lets = [n for n in walk(s) if isinstance(n, Let) and isinstance(n.var, Local)]
+    assert [n.value for n in lets[:-1]] == [lower.identity("sum", "float32")] * LANES  # each at the identity
+    assert lets[-1] == Let(Local("acc", "float32"), pairwise(fold.lanes.locals, "sum"))  # then combined
 
 
 def test_split_accumulators_folds_a_row_of_loads_in_place():
@@ -325,7 +327,10 @@ def test_split_accumulators_runs_a_long_window_in_lanes_added_to_acc():
     fold = _fold_of(s).value  # y[j, r] for r from 1: y's row j, from element 1
     assert [v.name for v in fold.lanes.locals] == [f"acc_lane{q}" for q in range(LANES)]
     assert isinstance(fold.row, Row) and (fold.lo, fold.hi) == (1, 2 * LANES + 1)
-    assert any(isinstance(n, Source) and n.text.startswith("acc += (((acc_lane0 + acc_lane1)") for n in walk(s))
+    lanes = [Local(f"acc_lane{q}", "float64") for q in range(LANES)]
+    combined = next(n for n in walk(s) if isinstance(n, Accumulate) and n.target == acc)  # after the rounds
+    assert combined.augmented and combined.value == pairwise(lanes, "sum")
+    assert combined.value.lhs.lhs == Combine("sum", lanes[0], lanes[1])  # a fixed tree: ((0 + 1) + (2 + 3)) + ...
     guarded = block(lower.gather_piece(_window(0, 4 * LANES, ((), (Bin(Op.LT, Var("r"), j),))), acc))
     assert split_accumulators(guarded) == guarded  # a guard inside the window keeps one total
     once = block(lower.gather_piece(_window(0, 4 * LANES, single=(True,)), acc))

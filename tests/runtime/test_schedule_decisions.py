@@ -5,8 +5,9 @@ when a pointwise definition runs in phases or around a box."""
 from __future__ import annotations
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Select, Var
+from halide_ad.runtime.loops import Block, Comment, Let, Local, Store, Table
 from halide_ad.runtime.schedule import Separable, Split
-from halide_ad.runtime.schedule.corners import constant_taps, tabled_points
+from halide_ad.runtime.schedule.corners import constant_taps, points_to_table, tabled_points
 from halide_ad.runtime.schedule.hoist import loads_to_hoist
 from halide_ad.runtime.schedule.boundary import box_ranges
 from halide_ad.runtime.schedule.parallel import region_parallel
@@ -65,12 +66,28 @@ def _corner(c: int, scales=(2.0, 0.5)) -> Gather:
 def test_corners_whose_gathers_are_constant_taps_run_from_tables():
     regions = [({i: (0, 0), j: (0, 0)}, [_corner(0)]), ({i: (0, 0), j: (9, 9)}, [_corner(1, (1.0, 1.0, 3.0))]),
                ({i: (1, 8), j: (0, 0)}, [_corner(2)])]  # an edge, not a point
-    points = tabled_points(regions, (i, j), staged={})
+    points = points_to_table(regions, (i, j), staged={})
     assert [region for region, _ in points] == [regions[0][0], regions[1][0]]
     assert [[scale for _, _, scale in taps] for _, taps in points] == [[2.0, 0.5], [1.0, 1.0, 3.0]]
     assert all(lead == 1 for _, taps in points for _, lead, _ in taps)  # x[n, <constants>]
-    assert tabled_points(regions[:1], (i, j), staged={}) == []  # one point is not worth a table
-    assert tabled_points(regions, (i, j), staged={"x": (1, "stage0")}) == []  # x read a plane at a time
+    assert points_to_table(regions[:1], (i, j), staged={}) == []  # one point is not worth a table
+    assert points_to_table(regions, (i, j), staged={"x": (1, "stage0")}) == []  # x read a plane at a time
+    # the pass: the points' nests leave the regions, one loop over tables runs them after the rest
+    nests = Block(tuple(Comment(f"region {k}") for k in range(3)))
+    run = Store("adj_x", (n, i, j), Local("taps", "float32"))
+    out = tabled_points(nests, [(k, region, taps) for k, (region, taps) in enumerate(points)], (i, j), run)
+    assert out.body[0] == Comment("region 2") and len(out.body) == 2
+    loop = out.body[1]
+    assert (loop.var, loop.lo, loop.hi) == ("point", 0, 2) and loop.body.body[-1] == run
+    let_i, let_j, start, taps = loop.body.body[:4]
+    assert let_i.var == i and let_i.value.array == Table("[[0, 0], [0, 9]]", "int64")  # each point's position
+    assert start == Let(Local("taps", "float32"), Const(0, "float32"))
+    assert taps.hi.array == Table("[2, 3]", "int64")  # each point runs its own count of taps
+    (add,) = taps.body.body
+    read, weight = add.value.args
+    assert weight.array == Table("[[2.0, 0.5, 0.0], [1.0, 1.0, 3.0]]", "float32")  # padded to the longest
+    assert read.buffer and read.array == "x" and read.index[0] == n
+    assert read.index[1].array == Table("[[[0, 0], [0, 1], [0, 0]], [[1, 0], [1, 1], [1, 2]]]", "int64")
 
 
 def test_a_load_read_by_two_gathers_is_one_tap_and_a_guarded_piece_is_none():
@@ -139,17 +156,16 @@ def test_a_separable_window_runs_as_two_passes_outside_the_parallel_plane():
 
 def test_the_optional_split_decisions_each_have_a_skip(monkeypatch):
     """HALIDE_AD_SKIP names each optional decision of a split gather nest: no box, no separable
-    window, no tabled corners (the nests stay correct, only slower)."""
+    window (the nests stay correct, only slower; the tabled corners are a pass, skipped by
+    schedule.run)."""
     three = ((-1, 0.25), (0, 0.5), (1, 0.25))
     separable = Split(box={i: (1, 62), j: (1, 62)}, inside=[], separable=Separable(_x(n, i, j), 1, 1, three, three))
-    corners = [({i: (0, 0), j: (0, 0)}, [_corner(0)]), ({i: (0, 0), j: (9, 9)}, [_corner(1)])]
     half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
     up = Func("up", (i, j), (4, 16), Load("x", (i, half), "float32"), "float32")
-    assert separable_window(separable, (8, 64, 64), first=1, par=0) and tabled_points(corners, (i, j), {})
+    assert separable_window(separable, (8, 64, 64), first=1, par=0)
     assert pointwise_split(up) is not None
-    monkeypatch.setenv("HALIDE_AD_SKIP", "separable_window,tabled_points,interior")
+    monkeypatch.setenv("HALIDE_AD_SKIP", "separable_window,interior")
     assert not separable_window(separable, (8, 64, 64), first=1, par=0)
-    assert tabled_points(corners, (i, j), {}) == []
     assert pointwise_split(up) is None
 
 

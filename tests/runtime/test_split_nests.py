@@ -10,9 +10,10 @@ from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Select, Var
 from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.gathers import split_loop_nest
-from halide_ad.runtime.loops import Block, For, Hoisted, If, Kind, Let, Local, Row, Source, Store, block, loops, walk
+from halide_ad.runtime.loops import Block, For, Hoisted, If, Kind, Let, Local, Row, Source, Spans, Store, block, loops, walk
 from halide_ad.runtime.schedule.hoist import hoist, reading, substituted
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
+from halide_ad.runtime.schedule.spans import outside_box
 from halide_ad.traverse import walk as walk_expr
 
 i, j, n = Var("i"), Var("j"), Var("n")
@@ -158,3 +159,31 @@ def test_an_index_that_reads_a_hoisted_load_is_still_checked_at_run_time():
     assert store.value.index == (lets[0].var,)  # the load reads the local
     source = "\n".join(emit.render(block(*lets, store), Emitter({"idx": (4,), "x": (5,), "out": (4,)})))
     assert "x[nonneg(checked(h0, 5, status, 0))]" in source
+
+
+def test_outside_box_runs_the_loop_over_the_boxs_last_dimension_around_it():
+    body = block(Store("d", (i, j), _x(i, j)))
+    plain = For("i", 0, 4, Kind.PARALLEL, block(For("j", 0, 16, Kind.SERIAL, body)))
+    out = outside_box(plain, "j", (2, 13), (("i", 1, 2),))
+    assert out == For("i", 0, 4, Kind.PARALLEL, block(Spans("j", (2, 14), 16, (("i", 1, 2),), body)))
+    assert outside_box(plain, "k", (2, 13), ()) == plain  # no loop over it: nothing to do
+
+
+def _every_other(img):
+    """img[:, ::2]: its gradient's box (columns 1..2 of 4) decides the bound, not the parity, so
+    the general gathers run on the spans around it."""
+    return hd.compute((img.shape[0], 2), lambda y, k: img[y, 2 * k] * 0.5, name="every_other")
+
+
+def test_a_box_without_regions_runs_its_edges_as_spans_and_skipped_the_same(monkeypatch):
+    img = np.arange(3 * 4, dtype=np.float64).reshape(3, 4) % 7
+    ct = np.cos(np.arange(3 * 2, dtype=np.float64)).reshape(3, 2)
+    assert "for span in spans:" in hd.explain(hd.func(_every_other), img).backward_source
+    expected = np.zeros_like(img)
+    expected[:, ::2] = 0.5 * ct
+    (grad,) = hd.vjp(hd.func(_every_other), img)[1](ct)
+    np.testing.assert_allclose(grad, expected, rtol=1e-12)
+    monkeypatch.setenv("HALIDE_AD_SKIP", "outside_box")
+    assert "for span in spans:" not in hd.explain(hd.func(_every_other), img).backward_source
+    (grad,) = hd.vjp(hd.func(_every_other), img)[1](ct)
+    np.testing.assert_allclose(grad, expected, rtol=1e-12)
