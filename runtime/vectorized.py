@@ -126,7 +126,7 @@ def _compute(e: Expr, env: Env) -> Value:
         case Call(fn, args):
             out = _apply(reference._CALLS[fn], [_eval(a, env) for a in args], env)
         case Select(cond, true, false):
-            out = _apply(np.where, [_eval(cond, env), _eval(true, env), _eval(false, env)], env)
+            out = _apply(_where, [_eval(cond, env), _eval(true, env), _eval(false, env)], env)
         case Cast(_, value):
             out = _eval(value, env)
         case Reduce():
@@ -134,6 +134,31 @@ def _compute(e: Expr, env: Env) -> Value:
         case _:
             raise InternalError(f"the vectorized interpreter cannot evaluate {e!r}")
     return Value(out.array.astype(dtype, copy=False), out.axes)
+
+
+def _where(cond: np.ndarray, true: np.ndarray, false: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """np.where(cond, true, false), into `out` (of the broadcast shape and dtype) where given.
+    Numbers are selected on their bits, ((true ^ false) & -cond) ^ false, which moves the same
+    bits: np.where branches at each element, and on 512K float32 of random signs (a relu) it ran
+    2.3 ms where this ran 0.2 ms."""
+    cond, true, false = np.asarray(cond, bool), np.asarray(true), np.asarray(false)
+    dtype = np.result_type(true, false)
+    if dtype.kind not in "fiu" or (out is not None and out.dtype != dtype):
+        if out is None:
+            return np.where(cond, true, false)
+        out[...] = np.where(cond, true, false)
+        return out
+    bits = np.dtype(f"i{dtype.itemsize}")
+    shape = np.broadcast_shapes(np.shape(cond), true.shape, false.shape)
+    mask = np.empty(shape, bits)
+    mask[...] = cond
+    np.negative(mask, out=mask)  # all ones where cond holds
+    low = false.astype(dtype, copy=False).view(bits)
+    o = (np.empty(shape, dtype) if out is None else out).view(bits)
+    np.bitwise_xor(true.astype(dtype, copy=False).view(bits), low, out=o)
+    np.bitwise_and(o, mask, out=o)
+    np.bitwise_xor(o, low, out=o)
+    return o.view(dtype)
 
 
 def _product(values: list[Value], dtype: str, env: Env) -> Value:
@@ -252,8 +277,7 @@ def func(f: Func, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
     body = f.body
     parts = (body.body, body.where) if isinstance(body, Reduce) else (body,)
     out = np.empty(f.shape, f.dtype)
-    arg = np.empty(f.shape, np.int64) if isinstance(body, Reduce) and body.op in ("max", "min", "argmax", "argmin") \
-        else None
+    arg = np.empty(f.shape, f.argindex_dtype) if f.keeps_argindex else None  # (stored narrow: one pass less)
     padded: dict = {}
 
     def piece(axes: dict[Var, plans.Axis]) -> None:
@@ -287,6 +311,9 @@ def _store(e: Expr, env: Env, target: np.ndarray) -> None:
             reference._BIN[e.op](_expand(a, axes), _expand(b, axes), out=target)
             return
         value = _apply(reference._BIN[e.op], [a, b], env)
+    elif isinstance(e, Select) and all(dtype_of(x) == target.dtype for x in (e, e.true, e.false)):
+        _where(*(_expand(_eval(x, env), axes) for x in (e.cond, e.true, e.false)), out=target)  # (a relu)
+        return
     else:
         value = _eval(e, env)
     target[...] = np.broadcast_to(_expand(value, axes), target.shape)
@@ -306,11 +333,17 @@ def _reduce(r: Reduce, env: Env) -> tuple[Value, Value | None]:
     dtype = dtype_of(r) if r.op in ("sum", "prod") else dtype_of(r.body)
     if r.op in ("sum", "prod"):
         summed = tuple(v.var for v in r.rvars if v not in loop)
-        total = None
+        total, owned = None, False  # owned: total is an array made here, which later points add into
+        ufunc = np.add if r.op == "sum" else np.multiply
         inner = inner.looping((r.body, r.where), {v.var for v in loop})
         for point in plans.points(loop):
             part = _summed(r.body, r.where, inner.at(point), summed, dtype, r.op)
-            total = part if total is None else _apply(np.add if r.op == "sum" else np.multiply, [total, part], env)
+            if total is None:
+                total = part
+            elif owned and set(part.axes) <= set(total.axes):
+                ufunc(total.array, _expand(part, total.axes), out=total.array)
+            else:
+                total, owned = _apply(ufunc, [total, part], env), True
         if total is None:  # an empty loop
             total = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
         return Value(total.array.astype(dtype, copy=False), total.axes), None
@@ -327,7 +360,7 @@ def _summed(body: Expr, where: Expr | None, env: Env, summed: tuple[Var, ...], d
     if where is not None:
         mask = _eval(where, env)
         axes = _union(env, [values[0], mask])
-        values = [Value(np.where(_expand(mask, axes), _expand(values[0], axes), np.asarray(int(op == "prod"), dtype)),
+        values = [Value(_where(_expand(mask, axes), _expand(values[0], axes), np.asarray(int(op == "prod"), dtype)),
                         axes)]
     axes = _union(env, values)
     kept = tuple(a for a in axes if a not in summed)
@@ -357,7 +390,7 @@ def _extremum_whole(r: Reduce, inner: Env, dtype: str) -> tuple[Value, Value]:
     flat = tuple(inner.axes[a].count for a in outer) + (math.prod(shape[len(outer):]),)
     values = np.broadcast_to(_expand(value, axes), shape).reshape(flat).astype(dtype)
     masks = np.broadcast_to(_expand(mask, axes), shape).reshape(flat).astype(bool)
-    best, arg = reference.extremum(r.op, np.where(masks, values, np.asarray(reference._identity(r.op, dtype), dtype)),
+    best, arg = reference.extremum(r.op, _where(masks, values, np.asarray(reference._identity(r.op, dtype), dtype)),
                                    masks, dtype)
     return Value(arg if r.op.startswith("arg") else best, outer), Value(arg, outer)
 
@@ -379,11 +412,12 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
         axes = _union(env, [best, arg, value, mask])
         b, a, v, m = (_expand(x, axes) for x in (best, arg, value, mask))
         # not (v <= b) holds where v > b and where either is NaN: a NaN replaces a number, never a NaN
-        take = ~((np.less_equal if high else np.greater_equal)(v, b) | np.isnan(b))
+        take = (np.less_equal if high else np.greater_equal)(v, b)
+        np.logical_not(np.logical_or(take, np.isnan(b), out=take), out=take)
         if r.where is not None:
             take = m & (take | (a < 0))
-        best = Value(np.where(take, v, b).astype(dtype, copy=False), axes)
-        arg = Value(np.where(take, position, a), axes)
+        best = Value(_where(take, v, b).astype(dtype, copy=False), axes)
+        arg = Value(_where(take, np.asarray(position, np.int64), a), axes)
     return (arg if r.op.startswith("arg") else best), arg
 
 
