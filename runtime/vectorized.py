@@ -400,13 +400,15 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
     the best so far where it is the first unmasked one, strictly better, or the first NaN."""
     high = r.op in ("max", "argmax")
     best = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
-    arg = Value(np.asarray(-1, np.int64), ())
+    position_dtype = np.int16  # (fewer than LOOP_MAX positions: a quarter of int64's traffic)
+    arg = Value(np.asarray(-1, position_dtype), ())
     inner = inner.looping((r.body, r.where), {v.var for v in r.rvars})
     for position, point in enumerate(plans.points(list(r.rvars))):
         at = inner.at(point)
         value = _eval(r.body, at)
         if r.where is None and position == 0:  # every point is unmasked: the first one is the best so far
-            best, arg = Value(value.array.astype(dtype, copy=False), value.axes), Value(np.zeros((), np.int64), ())
+            best = Value(value.array.astype(dtype, copy=False), value.axes)
+            arg = Value(np.zeros((), position_dtype), ())
             continue
         mask = _eval(r.where, at) if r.where is not None else Value(np.ones((), bool), ())
         axes = _union(env, [best, arg, value, mask])
@@ -417,7 +419,7 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
         if r.where is not None:
             take = m & (take | (a < 0))
         best = Value(_where(take, v, b).astype(dtype, copy=False), axes)
-        arg = Value(_where(take, np.asarray(position, np.int64), a), axes)
+        arg = Value(_where(take, np.asarray(position, position_dtype), a), axes)
     return (arg if r.op.startswith("arg") else best), arg
 
 
