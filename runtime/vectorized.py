@@ -34,7 +34,7 @@ import numpy as np
 from halide_ad.errors import InternalError
 from halide_ad.ir import (COMPARISONS, Bin, Call, Cast, Const, Expr, Func, Load, Op, Reduce, Scatter, Select,
                           Var, dtype_of)
-from halide_ad.runtime import reference, vectorized_plans as plans
+from halide_ad.runtime import buffers as memory, reference, vectorized_plans as plans
 from halide_ad.traverse import free_vars, walk
 
 LOOP_MAX = 1024  # Python-loop points of one Func or scatter, beyond which it runs as the reference does
@@ -276,8 +276,9 @@ def func(f: Func, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
     """(f's buffer, its argindex or None), as `reference.evaluate` computes them."""
     body = f.body
     parts = (body.body, body.where) if isinstance(body, Reduce) else (body,)
-    out = np.empty(f.shape, f.dtype)
-    arg = np.empty(f.shape, f.argindex_dtype) if f.keeps_argindex else None  # (stored narrow: one pass less)
+    # recycled arrays where free (runtime/buffers.py): the pages of a forward's freed buffers, not new ones
+    out = memory.pool.empty(f.shape, f.dtype)
+    arg = memory.pool.empty(f.shape, f.argindex_dtype) if f.keeps_argindex else None  # (narrow: one pass less)
     padded: dict = {}
 
     def piece(axes: dict[Var, plans.Axis]) -> None:

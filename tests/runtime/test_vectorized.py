@@ -172,6 +172,26 @@ def test_pipeline_relu_and_pool_at_the_edges(shape, layout, dtype):
             np.testing.assert_allclose(mine[name], value, rtol=tol, atol=tol, err_msg=name)
 
 
+def test_funcs_fill_recycled_buffers_never_held_ones(monkeypatch):
+    """A Func's buffer comes from the buffer pool: a later call's freed pages, never an array the
+    caller still holds."""
+    from halide_ad.runtime import buffers
+    monkeypatch.setattr(buffers, "pool", buffers.BufferPool(1 << 30))
+    relu = as_function(lambda x: hd.compute(x.shape, lambda i, j: hd.where(x[i, j] > 0, x[i, j], 0.0)))
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((2, 512, 512))  # 2 MiB: pooled
+    traced, arrays = relu.trace((a,), {})
+    program, name = traced.program, traced.program.outputs[0]
+    run = lambda x: reference.evaluate(program, {next(iter(arrays)): x}, func=vectorized.func)[name]  # noqa: E731
+    held = run(a)
+    address = held.__array_interface__["data"][0]
+    other = run(b)
+    np.testing.assert_array_equal(held, np.maximum(a, 0))
+    np.testing.assert_array_equal(other, np.maximum(b, 0))
+    del held
+    assert run(b).__array_interface__["data"][0] == address
+
+
 def test_plans():
     i, j, r, c = (hd.ir.Var(n) for n in "ijrc")
     load = hd.ir.Load("x", (c, hd.ir.Bin(hd.ir.Op.ADD, i, r)), "float64")
