@@ -192,6 +192,18 @@ def test_funcs_fill_recycled_buffers_never_held_ones(monkeypatch):
     assert run(b).__array_interface__["data"][0] == address
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, layout", [((1, 1), None), ((1, 9), None), ((9, 1), None),
+                                           ((6, 5), lambda a: a.T), ((5, 14), lambda a: a[:, ::-2])])
+@pytest.mark.parametrize("chunk", [3, vectorized_plans.CHUNK])
+def test_clamped_reads_in_pieces(monkeypatch, shape, layout, dtype, chunk):
+    """A 3x3 repeat_edge blur whose pieces are a few rows, each reading the edge-padded copy
+    (clamped at both ends of a size-1 axis too)."""
+    monkeypatch.setattr(vectorized_plans, "CHUNK", chunk)
+    x = (layout or np.asarray)(np.random.default_rng(7).standard_normal(shape).astype(dtype))
+    _assert_same(P.blur2d, (x, "repeat_edge"), rtol=2e-6 if dtype == np.float32 else 1e-12)
+
+
 def test_plans():
     i, j, r, c = (hd.ir.Var(n) for n in "ijrc")
     load = hd.ir.Load("x", (c, hd.ir.Bin(hd.ir.Op.ADD, i, r)), "float64")
