@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -51,7 +50,7 @@ class Env:
     axes: dict[Var, plans.Axis]   # the variables that vary, in the order of every Value's axes
     fixed: dict[Var, int]   # the variables a Python loop holds at one value
     buffers: dict[str, np.ndarray]
-    padded: dict = field(default_factory=dict)  # buffer name -> (pad per axis, its edge-padded copy)
+    padded: dict = field(default_factory=dict)  # buffer name -> (its index ranges, an edge-padded copy): a piece's
     invariant: frozenset = frozenset()  # ids of the nodes that no loop variable reaches ...
     memo: dict = field(default_factory=dict)  # ... and their values, computed at the first loop point
 
@@ -66,19 +65,23 @@ class Env:
                               if isinstance(n, (Load, Bin, Call, Select, Cast)) and not free_vars(n) & looped)
         return Env(self.axes, self.fixed, self.buffers, self.padded, invariant, {})
 
-    def pad(self, name: str, need: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
-        """(pads, buffer `name` with `pads[d]` edge copies on both sides of axis d), pads >= need:
-        one copy serves the clamped reads of every tap of a window."""
-        with _pad_lock:  # (pieces run on several threads)
-            have = self.padded.get(name)
-            if have is not None and all(h >= n for h, n in zip(have[0], need, strict=True)):
-                return have
-            pads = tuple(map(max, have[0], need)) if have is not None else need
-            self.padded[name] = pads, np.pad(self.buffers[name], [(p, p) for p in pads], mode="edge")
-            return self.padded[name]
-
-
-_pad_lock = threading.Lock()
+    def pad(self, name: str, box: tuple[tuple[int, int], ...], margins: tuple[int, ...]) \
+            -> tuple[tuple[int, ...], np.ndarray]:
+        """(lows, buffer `name` over index ranges from lows[d] holding `box`'s (lo, hi), `margins`
+        wider at first, edge copies past its ends): a piece's taps read one copy of the piece's
+        part, in cache (a whole buffer's copy was 64 MiB of fresh pages a pass on the pipeline)."""
+        held, array = self.padded.get(name, (None, None))
+        if held is not None and all(l <= lo and hi <= h for (l, h), (lo, hi) in zip(held, box, strict=True)):
+            return tuple(l for l, _ in held), array
+        # grown past the request as far as it passed the part held: a window's next tap goes as far again
+        box = tuple((lo - m, hi + m) for (lo, hi), m in zip(box, margins, strict=True)) if held is None else \
+            tuple((min(l, 2 * lo - l), max(h, 2 * hi - h)) for (l, h), (lo, hi) in zip(held, box, strict=True))
+        buf = self.buffers[name]
+        part = tuple(slice(min(max(lo, 0), n - 1), max(min(hi, n), 1)) for (lo, hi), n in zip(box, buf.shape))
+        widths = [(max(0, p.start - lo), max(0, hi - p.stop)) for p, (lo, hi) in zip(part, box)]
+        held = tuple((p.start - w0, p.stop + w1) for p, (w0, w1) in zip(part, widths))
+        self.padded[name] = held, np.pad(buf[part], widths, mode="edge")
+        return tuple(l for l, _ in held), self.padded[name][1]
 
 
 def _expand(v: Value, axes: tuple[Var, ...]) -> np.ndarray:
@@ -244,18 +247,26 @@ def _load(e: Load, env: Env) -> Value:
         return _gather(buf, index, env)
     vectors = [np.clip(v.array, 0, n - 1) for v, n in zip(index, buf.shape, strict=True)]  # as the reference:
     starts = [_clamped(x, n) if v.axes else None for x, v, n in zip(vectors, index, buf.shape, strict=True)]
-    need = tuple(0 if a is None else max(-a, a + len(x) - n) for a, x, n in zip(starts, vectors, buf.shape))
-    pads, array = env.pad(e.buffer, need) if any(need) else ((0,) * buf.ndim, buf)  # (an untaken branch reads anywhere)
-    array = np.asarray(array[tuple(int(x) + p if not v.axes else slice(None)
-                                   for x, v, p in zip(vectors, index, pads, strict=True))])
+    lows, array = (0,) * buf.ndim, buf
+    # a copy past the ranges by twice what the clamped ones clip, both sides, along each index a loop
+    # variable moves: a window's other taps read within
+    margin = 2 * max(max(-a, a + len(x) - n) for a, x, n in zip(starts, vectors, buf.shape) if a is not None) \
+        if any(a is not None for a in starts) else 0
+    margins = tuple(margin if free_vars(i) & env.fixed.keys() else 0 for i in e.index)
+    if any(a is not None for a in starts):  # the ranges read, from a copy with edges (an untaken branch reads anywhere)
+        lows, array = env.pad(e.buffer, tuple((int(x), int(x) + 1) if not v.axes else (int(x.min()), int(x.max()) + 1)
+                                              if a is None else (a, a + len(x))
+                                              for x, v, a in zip(vectors, index, starts, strict=True)), margins)
+    array = np.asarray(array[tuple(int(x) - lo if not v.axes else slice(None)
+                                   for x, v, lo in zip(vectors, index, lows, strict=True))])
     axis = 0
-    for x, v, a, p in zip(vectors, index, starts, pads, strict=True):
+    for x, v, a, lo in zip(vectors, index, starts, lows, strict=True):
         if not v.axes:
             continue
         if a is None:
-            array = _read(array, x + p, axis)
+            array = _read(array, x - lo, axis)
         else:  # a clamped read: a view of the padded copy
-            array = array[(slice(None),) * axis + (slice(a + p, a + p + len(x)),)]
+            array = array[(slice(None),) * axis + (slice(a - lo, a - lo + len(x)),)]
         axis += 1
     position = {a: k for k, a in enumerate(env.axes)}
     order = sorted(range(len(named)), key=lambda k: position[named[k]])
@@ -279,10 +290,8 @@ def func(f: Func, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
     # recycled arrays where free (runtime/buffers.py): the pages of a forward's freed buffers, not new ones
     out = memory.pool.empty(f.shape, f.dtype)
     arg = memory.pool.empty(f.shape, f.argindex_dtype) if f.keeps_argindex else None  # (narrow: one pass less)
-    padded: dict = {}
-
     def piece(axes: dict[Var, plans.Axis]) -> None:
-        env = Env(axes, {}, buffers, padded)
+        env = Env(axes, {}, buffers, {})
         key = tuple(slice(a.start, a.start + a.step * a.count, a.step) for a in axes.values())
         if not isinstance(body, Reduce):
             _store(body, env, out[key + (Ellipsis,)])  # (a view, 0-d too)
@@ -442,10 +451,8 @@ def scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None
     # a phase's pieces along a variable that is a whole index of its own write disjoint elements
     own = tuple(i for i in s.index if isinstance(i, Var) and i in counts and i not in looped)
     along = own or tuple(r.var for r in free)
-    padded: dict = {}
-
     def piece(axes: dict[Var, plans.Axis]) -> None:
-        env = Env(axes, {}, buffers, padded).looping((s.value, s.where, *s.index), looped)
+        env = Env(axes, {}, buffers, {}).looping((s.value, s.where, *s.index), looped)
         for point in plans.points(loop):
             _scatter_at(s, adj, env.at(point))
 
