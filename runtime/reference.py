@@ -169,7 +169,8 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None) -> d
                 continue
             value, arg = (func or _func)(f, buffers)
             if f.keeps_argindex:
-                out[argindex_name(f.name)] = np.broadcast_to(arg, f.shape).astype(f.argindex_dtype)
+                out[argindex_name(f.name)] = arg if arg.shape == f.shape and arg.dtype == f.argindex_dtype \
+                    else np.broadcast_to(arg, f.shape).astype(f.argindex_dtype)
             fresh = value.shape == f.shape and value.dtype == f.dtype and value.base is None
             out[f.name] = buffers[f.name] = value if fresh else np.broadcast_to(value, f.shape).astype(f.dtype)
     return out

@@ -130,6 +130,80 @@ def test_nan_and_ties_in_a_looped_max():
         np.testing.assert_array_equal(vfwd[name], fwd[name])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int64, np.bool_])
+def test_where_selects_the_bits_np_where_does(dtype):
+    """`vectorized._where` (a select on bits) against np.where: broadcast and non-contiguous
+    operands, a non-bool condition, NaN, -0.0 and inf, into a fresh array and into `out`."""
+    rng = np.random.default_rng(4)
+    true = rng.standard_normal((3, 1, 5)) * 50
+    false = (rng.standard_normal((5, 4)) * 50).T[:, ::-1]  # a reversed transposed view
+    if np.dtype(dtype).kind == "f":
+        true.flat[:3] = np.nan, -0.0, np.inf
+        false.flat[:3] = -0.0, np.nan, -np.inf
+    true, false = true.astype(dtype), false.astype(dtype)
+    cond = rng.integers(0, 3, (3, 4, 1))  # 2 holds, as in np.where
+    expect = np.where(cond, true, false)
+    for got in (vectorized._where(cond, true, false), vectorized._where(cond, true, false, out=np.empty_like(expect))):
+        assert got.dtype == expect.dtype and got.shape == expect.shape
+        assert got.tobytes() == expect.tobytes()
+    one = np.asarray(-0.0).astype(dtype)
+    assert vectorized._where(np.True_, one, np.ones(1, dtype)).tobytes() == one.reshape(1).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, layout", [
+    ((1, 1, 2, 2), None),                                   # one window; every blur tap clamps at both ends
+    ((1, 2, 3, 2), None),                                   # an odd last row, which the pool drops
+    ((2, 1, 5, 4), lambda a: a.transpose(0, 1, 3, 2)),      # a transposed view
+    ((1, 2, 4, 12), lambda a: a[..., ::-2]),                # a reversed strided view
+])
+def test_pipeline_relu_and_pool_at_the_edges(shape, layout, dtype):
+    """blur, relu (a Select written into its Func's buffer on bits), 2x2 max pool with NaN and
+    ties: values and gradients as the reference's."""
+    from benchmarks.cases import blur_relu_maxpool
+    x = np.random.default_rng(5).standard_normal(shape)
+    x.flat[::5] = 0.0  # ties at zero after the relu
+    x.flat[3] = np.nan if x.size > 3 else x.flat[-1]
+    x = (layout or np.asarray)(x.astype(dtype))
+    (fwd, grads), (vfwd, vgrads) = _both(blur_relu_maxpool, (x,))
+    tol = 2e-6 if dtype == np.float32 else 1e-12  # (sums of nine taps round apart: an absolute part too)
+    for mine, theirs in ((vfwd, fwd), (vgrads, grads)):
+        for name, value in theirs.items():
+            np.testing.assert_allclose(mine[name], value, rtol=tol, atol=tol, err_msg=name)
+
+
+def test_funcs_fill_recycled_buffers_never_held_ones(monkeypatch):
+    """A Func's buffer comes from the buffer pool: a later call's freed pages, never an array the
+    caller still holds."""
+    from halide_ad.runtime import buffers
+    monkeypatch.setattr(buffers, "pool", buffers.BufferPool(1 << 30))
+    relu = as_function(lambda x: hd.compute(x.shape, lambda i, j: hd.where(x[i, j] > 0, x[i, j], 0.0)))
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((2, 512, 512))  # 2 MiB: pooled
+    traced, arrays = relu.trace((a,), {})
+    program, name = traced.program, traced.program.outputs[0]
+    run = lambda x: reference.evaluate(program, {next(iter(arrays)): x}, func=vectorized.func)[name]  # noqa: E731
+    held = run(a)
+    address = held.__array_interface__["data"][0]
+    other = run(b)
+    np.testing.assert_array_equal(held, np.maximum(a, 0))
+    np.testing.assert_array_equal(other, np.maximum(b, 0))
+    del held
+    assert run(b).__array_interface__["data"][0] == address
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, layout", [((1, 1), None), ((1, 9), None), ((9, 1), None),
+                                           ((6, 5), lambda a: a.T), ((5, 14), lambda a: a[:, ::-2])])
+@pytest.mark.parametrize("chunk", [3, vectorized_plans.CHUNK])
+def test_clamped_reads_in_pieces(monkeypatch, shape, layout, dtype, chunk):
+    """A 3x3 repeat_edge blur whose pieces are a few rows, each reading the edge-padded copy
+    (clamped at both ends of a size-1 axis too)."""
+    monkeypatch.setattr(vectorized_plans, "CHUNK", chunk)
+    x = (layout or np.asarray)(np.random.default_rng(7).standard_normal(shape).astype(dtype))
+    _assert_same(P.blur2d, (x, "repeat_edge"), rtol=2e-6 if dtype == np.float32 else 1e-12)
+
+
 def test_plans():
     i, j, r, c = (hd.ir.Var(n) for n in "ijrc")
     load = hd.ir.Load("x", (c, hd.ir.Bin(hd.ir.Op.ADD, i, r)), "float64")
