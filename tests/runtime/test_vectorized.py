@@ -10,7 +10,7 @@ import halide_ad as hd
 from halide_ad import config
 from halide_ad.ad import reverse_mode
 from halide_ad.api import as_function
-from halide_ad.runtime import reference, vectorized, vectorized_cost, vectorized_plans
+from halide_ad.runtime import bitselect, reference, vectorized, vectorized_cost, vectorized_plans
 from tests.runtime.test_fuzz_programs import _inputs, build, programs
 from tests import programs as P
 
@@ -143,11 +143,11 @@ def test_where_selects_the_bits_np_where_does(dtype):
     true, false = true.astype(dtype), false.astype(dtype)
     cond = rng.integers(0, 3, (3, 4, 1))  # 2 holds, as in np.where
     expect = np.where(cond, true, false)
-    for got in (vectorized._where(cond, true, false), vectorized._where(cond, true, false, out=np.empty_like(expect))):
+    for got in (bitselect.where(cond, true, false), bitselect.where(cond, true, false, out=np.empty_like(expect))):
         assert got.dtype == expect.dtype and got.shape == expect.shape
         assert got.tobytes() == expect.tobytes()
     one = np.asarray(-0.0).astype(dtype)
-    assert vectorized._where(np.True_, one, np.ones(1, dtype)).tobytes() == one.reshape(1).tobytes()
+    assert bitselect.where(np.True_, one, np.ones(1, dtype)).tobytes() == one.reshape(1).tobytes()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
