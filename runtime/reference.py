@@ -272,7 +272,7 @@ def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> Non
 
 
 def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
-                     cotangents: dict[str, np.ndarray], *, scatter=None) -> dict[str, np.ndarray]:
+                     cotangents: dict[str, np.ndarray], *, scatters=None) -> dict[str, np.ndarray]:
     """{name: gradient} for each name in `wrt`, in that buffer's dtype, by running reverse mode's
     Scatters as written (`adjoints`: `ad.reverse_mode(program, wrt)`, outputs first):
     adj_B = (cotangent of B if B is an output) + sum of B's scatters.
@@ -280,8 +280,8 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
     `buffers` holds the forward pass: the inputs and what `evaluate` returns (argindex buffers
     included), e.g. `inputs | evaluate(program, inputs)`; 0-d buffers may come as shape (1,).
     `cotangents` holds an array per output that `wrt` reaches, keyed by output name. A name in
-    `wrt` that reaches no output gets zeros. `scatter(s, adj, buffers)`, if given, runs each
-    Scatter in place of `_scatter`; reverse scans run here.
+    `wrt` that reaches no output gets zeros. `scatters(adjoint.scatters, adj, buffers)`, if
+    given, runs each adjoint's Scatters in place of `_scatter`; reverse scans run here.
     """
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
@@ -304,8 +304,10 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
                     adj += seed
             elif adj is None:
                 adj = np.zeros(adjoint.shape, adjoint.dtype)
-            for s in adjoint.scatters:
-                (scatter or _scatter)(s, adj, env_buffers)
+            if scatters is not None:
+                scatters(adjoint.scatters, adj, env_buffers)
+            for s in adjoint.scatters if scatters is None else ():
+                _scatter(s, adj, env_buffers)
             env_buffers[adjoint_name(adjoint.buffer)] = adj
     return {name: env_buffers[adjoint_name(name)].astype(program.buffer(name).dtype, copy=False) for name in wrt}
 
