@@ -79,7 +79,7 @@ def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarr
     """{name: gradient} for `wrt`, from `forward`'s buffers, by running reverse mode's scatters."""
     memory.keep_freed_memory()
     return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents,
-                                      scatters=vectorized_separable.scatters)
+                                      scatters=vectorized_separable.scatters, zeros=memory.pool.zeros)
 
 
 SWITCH_S = 2e-4  # the GIL's switch interval while the interpreter runs (Python's default: 5 ms)

@@ -21,6 +21,7 @@ from halide_ad.errors import BoundsError, InternalError
 from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
                           ReverseScan, Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float,
                           tape_name)
+from halide_ad.traverse import walk
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,7 @@ def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> Non
 
 
 def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
-                     cotangents: dict[str, np.ndarray], *, scatters=None) -> dict[str, np.ndarray]:
+                     cotangents: dict[str, np.ndarray], *, scatters=None, zeros=np.zeros) -> dict[str, np.ndarray]:
     """{name: gradient} for each name in `wrt`, in that buffer's dtype, by running reverse mode's
     Scatters as written (`adjoints`: `ad.reverse_mode(program, wrt)`, outputs first):
     adj_B = (cotangent of B if B is an output) + sum of B's scatters.
@@ -282,13 +283,16 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
     `cotangents` holds an array per output that `wrt` reaches, keyed by output name. A name in
     `wrt` that reaches no output gets zeros. `scatters(adjoint.scatters, adj, buffers)`, if
     given, runs each adjoint's Scatters in place of `_scatter`; reverse scans run here.
+    `zeros(shape, dtype)` makes the adjoints that start at zero. An adjoint is let go once the
+    last scatter that reads it has run (a recycled buffer for the next, runtime/buffers.py).
     """
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     env_buffers = {k: np.asarray(a).reshape(shapes[k]) if k in shapes else np.asarray(a)
                    for k, a in buffers.items()}
+    last = _last_readers(adjoints, {adjoint_name(name) for name in wrt})
     with np.errstate(all="ignore"):
-        for adjoint in adjoints:  # outputs first: a scatter reads earlier adjoints
+        for k, adjoint in enumerate(adjoints):  # outputs first: a scatter reads earlier adjoints
             if adjoint.scan is not None:
                 _reverse_scan(adjoint.scan, env_buffers)
                 continue
@@ -303,13 +307,31 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
                 else:
                     adj += seed
             elif adj is None:
-                adj = np.zeros(adjoint.shape, adjoint.dtype)
+                adj = zeros(adjoint.shape, adjoint.dtype)
             if scatters is not None:
                 scatters(adjoint.scatters, adj, env_buffers)
             for s in adjoint.scatters if scatters is None else ():
                 _scatter(s, adj, env_buffers)
             env_buffers[adjoint_name(adjoint.buffer)] = adj
+            del adj
+            for name in last.get(k, ()):
+                del env_buffers[name]
     return {name: env_buffers[adjoint_name(name)].astype(program.buffer(name).dtype, copy=False) for name in wrt}
+
+
+def _last_readers(adjoints, kept: set[str]) -> dict[int, list[str]]:
+    """{k: the adjoints that adjoints[k]'s scatters read last}, but those in `kept`: none where a
+    reverse scan runs (it reads and writes adjoints of its own)."""
+    if any(a.scan is not None for a in adjoints):
+        return {}
+    names = {adjoint_name(a.buffer) for a in adjoints} - kept
+    last = {n.buffer: k for k, a in enumerate(adjoints) for s in a.scatters
+            for e in (s.value, s.where, *s.index) if e is not None for n in walk(e)
+            if isinstance(n, Load) and n.buffer in names}
+    out: dict[int, list[str]] = {}
+    for name, k in last.items():
+        out.setdefault(k, []).append(name)
+    return out
 
 
 __all__ = ["evaluate", "scatter_adjoints"]

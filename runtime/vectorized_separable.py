@@ -49,8 +49,7 @@ def scatters(group: tuple[Scatter, ...], adj: np.ndarray, buffers: dict[str, np.
             vectorized.scatter(s, adj, buffers)
             continue
         name, shape, first, second = passes
-        temporary = memory.pool.empty(shape, adj.dtype)
-        temporary.fill(0)
+        temporary = memory.pool.zeros(shape, adj.dtype)
         for t in first:
             vectorized.scatter(t, temporary, buffers)
         here = buffers | {name: temporary}
