@@ -68,10 +68,12 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     return max(vectorized_cost.passes(program, reverse_mode(program, wrt) if wrt else [])) <= config.interpret_max()
 
 
-def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The inputs and every Func's buffer (argindex buffers included), computed by numpy."""
+def forward(program: Program, inputs: dict[str, np.ndarray], keep: set[str] | None = None) -> dict[str, np.ndarray]:
+    """The inputs and the Funcs' buffers (argindex buffers included) computed by numpy: those in
+    `keep` if given (the others let go as soon as no later Func reads them), else every one."""
     memory.keep_freed_memory()
-    return dict(inputs) | reference.evaluate(program, inputs, func=vectorized_separable.func) | {INTERPRETED: True}
+    return dict(inputs) | reference.evaluate(program, inputs, func=vectorized_separable.func, keep=keep) \
+        | {INTERPRETED: True}
 
 
 def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],

@@ -149,22 +149,24 @@ def _domain(ranges: tuple[Range, ...], buffers: dict[str, np.ndarray]) -> Env:
     return Env({}, buffers, ()).extend(ranges)
 
 
-def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None) -> dict[str, np.ndarray]:
+def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None, keep=None) -> dict[str, np.ndarray]:
     """Every Func's buffer by name, in its declared shape and dtype, computed in program order.
 
     A Func whose `keeps_argindex` also gives `argindex_name(f.name)`: an integer array (of
     `f.argindex_dtype`) of the flat reduction position of the first extremal element, -1 where the reduction is empty. `inputs`
     holds an array per program input, converted to the declared dtype. `func(f, buffers)`, if
     given, computes each Func's (value, argindex) in place of `_func` (runtime/vectorized.py's);
-    updates run here.
+    updates run here. `keep`, if given, names the buffers wanted: the others are let go once the
+    last Func that reads them has run (a recycled buffer for a later one, runtime/buffers.py).
     """
     buffers = {b.name: np.asarray(inputs[b.name], b.dtype) for b in program.inputs}
     for b in program.inputs:
         if buffers[b.name].shape != b.shape:
             raise ValueError(f"input {b.name} has shape {buffers[b.name].shape}, expected {b.shape}")
     out: dict[str, np.ndarray] = {}
+    done = _done_after(program, keep)
     with np.errstate(all="ignore"):  # untaken branches may divide by zero, take log(-1), ...
-        for f in program.funcs:
+        for k, f in enumerate(program.funcs):
             if isinstance(f, Update):
                 out[f.name] = buffers[f.name] = _update(f, buffers, out)
                 continue
@@ -174,6 +176,26 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None) -> d
                     else np.broadcast_to(arg, f.shape).astype(f.argindex_dtype)
             fresh = value.shape == f.shape and value.dtype == f.dtype and value.base is None
             out[f.name] = buffers[f.name] = value if fresh else np.broadcast_to(value, f.shape).astype(f.dtype)
+            del value, arg
+            for name in done.get(k, ()):
+                out.pop(name)
+                buffers.pop(name, None)  # (an argindex buffer is only in out)
+    return out
+
+
+def _done_after(program: Program, keep) -> dict[int, list[str]]:
+    """{k: the Funcs' buffers (argindex ones too) outside `keep` that program.funcs[k] reads last,
+    or makes where nothing reads them}: none where `keep` is None or an update runs."""
+    if keep is None or any(isinstance(f, Update) for f in program.funcs):
+        return {}
+    last: dict[str, int] = {}
+    for k, f in enumerate(program.funcs):
+        last |= {n.buffer: k for n in walk(f.body) if isinstance(n, Load) and n.buffer in last}
+        last |= {name: k for name in (f.name, argindex_name(f.name) if f.keeps_argindex else f.name)}
+    out: dict[int, list[str]] = {}
+    for name, k in last.items():
+        if name not in keep:
+            out.setdefault(k, []).append(name)
     return out
 
 
