@@ -93,9 +93,10 @@ def _ordered(factors) -> tuple[Expr, ...]:
 
 
 def _taps(terms, index_of, rows: set[Var], cols: set[Var]):
-    """[(row key, column key, the other factors)] for the terms, or None: each factor depends on
-    the row index's variables alone (a row weight), on the column index's alone or on none (a
-    column weight), or on others (the rest)."""
+    """[(row key, column key, the other factors)] for the terms: each factor depends on the row
+    index's variables alone (a row weight), on the column index's alone or on none (a column
+    weight), or on others (the rest). However constants fall, a term is its row weights times
+    its column weights times the rest, so any pairing found is exact."""
     out = []
     for factors, index in zip(terms, index_of, strict=True):
         row, col, rest = [], [], []
