@@ -41,12 +41,10 @@ def func(f: Func, buffers: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarra
 
 
 def scatters(group: tuple[Scatter, ...], adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
-    """`vectorized.scatter` of each of an adjoint's scatters: all of them, or each alone, as two
-    passes where they spread a separable window."""
-    whole = split_scatters(group, adj.shape)
-    for passes, s in [(whole, None)] if whole else [(split_scatters((s,), adj.shape), s) for s in group]:
-        if passes is None:
-            vectorized.scatter(s, adj, buffers)
+    """`vectorized.scatter` of each of an adjoint's scatters, as `scatter_plan` groups them."""
+    for passes in scatter_plan(group, adj.shape):
+        if isinstance(passes, Scatter):
+            vectorized.scatter(passes, adj, buffers)
             continue
         name, shape, first, second = passes
         temporary = memory.pool.zeros(shape, adj.dtype)
@@ -55,6 +53,14 @@ def scatters(group: tuple[Scatter, ...], adj: np.ndarray, buffers: dict[str, np.
         here = buffers | {name: temporary}
         for t in second:
             vectorized.scatter(t, adj, here)
+
+
+def scatter_plan(group: tuple[Scatter, ...], shape: tuple[int, ...]) -> list:
+    """An adjoint's scatters as they run (`vectorized_cost` counts by the same plan): all of them
+    as the two passes of one separable window (`split_scatters`'s tuple), else each alone, as
+    two passes or as itself."""
+    whole = split_scatters(group, shape)
+    return [whole] if whole else [split_scatters((s,), shape) or s for s in group]
 
 
 # --- the analysis ---------------------------------------------------------------------------------
@@ -239,4 +245,4 @@ def split_scatters(group: tuple[Scatter, ...], shape: tuple[int, ...]) \
     return name, tuple(extents[v] for v in layout), into, out
 
 
-__all__ = ["func", "scatters", "split_func", "split_scatters"]
+__all__ = ["func", "scatter_plan", "scatters", "split_func", "split_scatters"]

@@ -287,7 +287,7 @@ def test_the_cost_model_counts_what_numpy_does():
 
 # whether a first call (forward and gradient: one tier for both) runs on the interpreter at the
 # default cap (per pass), at the benchmark's shapes: all of them (the bilinear resize's passes at
-# 0.89 and 0.84 of it; its first vjp and backward took 3.2-3.3 s there against 3.5-5.1 s
+# 0.57 and 0.68 of it, as two passes of its separable window, 0.89 and 0.84 as its taps; its first vjp and backward took 3.2-3.3 s there against 3.5-5.1 s
 # compiling first, load 4, docs/performance.md)
 INTERPRETED = {"blur": True, "conv2d": True, "conv2d_s2": True, "maxpool": True, "avgpool": True,
                "upsample": True, "bilinear": True, "dense": True, "pipeline": True}

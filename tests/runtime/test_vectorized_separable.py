@@ -70,6 +70,18 @@ def test_skip_turns_the_passes_off(monkeypatch):
     assert _splits(P.blur2d, (np.ones((4, 5)), "repeat_edge")) == ({}, {})
 
 
+def test_the_cost_model_counts_the_two_passes(monkeypatch):
+    """vectorized_cost plans by `split_func` and `scatter_plan`: 3 + 3 taps a point, not 9."""
+    from benchmarks.cases import blur_relu_maxpool
+    from tests.runtime.test_vectorized import _passes
+    shape = (2, 8, 64, 64)
+    forward, gradient = _passes(blur_relu_maxpool, shape)
+    monkeypatch.setenv("HALIDE_AD_SKIP", "separable_window")
+    taps_forward, taps_gradient = _passes(blur_relu_maxpool, shape)
+    points = np.prod(shape)
+    assert 3 * points <= taps_forward - forward and 3 * points <= taps_gradient - gradient
+
+
 SHAPES = [((1, 1), None),                          # one pixel: every tap clamps to it, at both ends
           ((1, 6), None), ((5, 1), None),          # a size-1 axis
           ((6, 5), lambda a: a.T),                 # a transposed view
