@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from halide_ad import capture, config, ir, tiered
-from halide_ad.ad import without_unused_argindex
+from halide_ad.ad import read_by_gradients, without_unused_argindex
 from halide_ad.arguments import call_key, classify, static_used_as_array
 from halide_ad.segments import Segmented
 from halide_ad.compiler import compile_forward, compile_gradient
@@ -133,6 +133,17 @@ class Traced:
         of an interpreted program is in range whatever the data (`tiered.interpretable`)."""
         return {b.name: np.zeros(b.shape, b.dtype) for b in self.program.inputs}
 
+    def _kept(self, key: str) -> set[str] | None:
+        """The buffers the interpreter's forward for `key` keeps, as the kernels' forward stores
+        them: the outputs, and for a gradient's forward what any gradient reads (None: every
+        buffer, where reverse mode fails)."""
+        kept = set(self.program.outputs)
+        return kept if key == CALL else None if self._read_by_gradients is None else kept | self._read_by_gradients
+
+    @functools.cached_property
+    def _read_by_gradients(self) -> set[str] | None:
+        return read_by_gradients(self.program)
+
     @functools.cached_property
     def _segmented(self) -> Segmented:
         return Segmented(self.program, self.checkpoints)
@@ -176,7 +187,7 @@ class Traced:
 
         with tiered.interpreting():
             if self._interpreting(key, warming):
-                return tiered.forward(self.program, arrays)
+                return tiered.forward(self.program, arrays, self._kept(key))
         return self.forward_run(key)(arrays)
 
     def gradient_of(self, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
@@ -195,7 +206,8 @@ class Traced:
 
         with tiered.interpreting():
             if self._interpreting(wrt, warming):
-                forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers))
+                forward = buffers if interpreted else tiered.forward(self.program, self._inputs(buffers),
+                                                                       self._kept(FORWARD))
                 return tiered.backward(self.program, wrt, forward, cotangents)
         if interpreted:  # the interpreter ran the forward, and the kernels are ready now
             buffers = self._kernel_buffers(buffers)

@@ -4,7 +4,8 @@ its kernels on a background thread; calls switch to the kernels once they are bu
 numba takes 1-15 s to compile a layer's kernels (its gradient's boundary-split gathers most of
 that), which a user meets on every new program and every new shape. The interpreter starts at
 once: `runtime/vectorized.py` runs Funcs and scatters at numpy's speed (a convolution's sums on
-BLAS, a window's taps as strided views), `runtime/reference.py` (the executable spec the kernels
+BLAS, a window's taps as strided views; a separable window as two passes, one axis at a time:
+`runtime/vectorized_separable.py`), `runtime/reference.py` (the executable spec the kernels
 are tested against) runs updates. The first forward and backward of a small conv-relu-pool layer
 took 16.8 s and now take well under one.
 
@@ -50,7 +51,7 @@ import numpy as np
 from halide_ad import config
 from halide_ad.ad import reverse_mode
 from halide_ad.ir import Load, Program
-from halide_ad.runtime import buffers as memory, reference, vectorized, vectorized_cost
+from halide_ad.runtime import buffers as memory, reference, vectorized_cost, vectorized_separable
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.traverse import walk
 
@@ -67,10 +68,12 @@ def interpretable(program: Program, wrt: tuple[str, ...] = ()) -> bool:
     return max(vectorized_cost.passes(program, reverse_mode(program, wrt) if wrt else [])) <= config.interpret_max()
 
 
-def forward(program: Program, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The inputs and every Func's buffer (argindex buffers included), computed by numpy."""
+def forward(program: Program, inputs: dict[str, np.ndarray], keep: set[str] | None = None) -> dict[str, np.ndarray]:
+    """The inputs and the Funcs' buffers (argindex buffers included) computed by numpy: those in
+    `keep` if given (the others let go as soon as no later Func reads them), else every one."""
     memory.keep_freed_memory()
-    return dict(inputs) | reference.evaluate(program, inputs, func=vectorized.func) | {INTERPRETED: True}
+    return dict(inputs) | reference.evaluate(program, inputs, func=vectorized_separable.func, keep=keep) \
+        | {INTERPRETED: True}
 
 
 def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
@@ -78,7 +81,7 @@ def backward(program: Program, wrt: tuple[str, ...], buffers: dict[str, np.ndarr
     """{name: gradient} for `wrt`, from `forward`'s buffers, by running reverse mode's scatters."""
     memory.keep_freed_memory()
     return reference.scatter_adjoints(program, reverse_mode(program, wrt), wrt, buffers, cotangents,
-                                      scatter=vectorized.scatter)
+                                      scatters=vectorized_separable.scatters, zeros=memory.pool.zeros)
 
 
 SWITCH_S = 2e-4  # the GIL's switch interval while the interpreter runs (Python's default: 5 ms)

@@ -21,6 +21,7 @@ from halide_ad.errors import BoundsError, InternalError
 from halide_ad.ir import (COMPARISONS, RUN_TIME_CHECKED, Bin, Call, Cast, Const, Expr, Load, Op, Program, Range, Reduce,
                           ReverseScan, Scatter, Select, Update, Var, adjoint_name, argindex_name, dtype_of, is_float,
                           tape_name)
+from halide_ad.traverse import walk
 
 
 @dataclass(frozen=True)
@@ -148,22 +149,24 @@ def _domain(ranges: tuple[Range, ...], buffers: dict[str, np.ndarray]) -> Env:
     return Env({}, buffers, ()).extend(ranges)
 
 
-def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None) -> dict[str, np.ndarray]:
+def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None, keep=None) -> dict[str, np.ndarray]:
     """Every Func's buffer by name, in its declared shape and dtype, computed in program order.
 
     A Func whose `keeps_argindex` also gives `argindex_name(f.name)`: an integer array (of
     `f.argindex_dtype`) of the flat reduction position of the first extremal element, -1 where the reduction is empty. `inputs`
     holds an array per program input, converted to the declared dtype. `func(f, buffers)`, if
     given, computes each Func's (value, argindex) in place of `_func` (runtime/vectorized.py's);
-    updates run here.
+    updates run here. `keep`, if given, names the buffers wanted: the others are let go once the
+    last Func that reads them has run (a recycled buffer for a later one, runtime/buffers.py).
     """
     buffers = {b.name: np.asarray(inputs[b.name], b.dtype) for b in program.inputs}
     for b in program.inputs:
         if buffers[b.name].shape != b.shape:
             raise ValueError(f"input {b.name} has shape {buffers[b.name].shape}, expected {b.shape}")
     out: dict[str, np.ndarray] = {}
+    done = _done_after(program, keep)
     with np.errstate(all="ignore"):  # untaken branches may divide by zero, take log(-1), ...
-        for f in program.funcs:
+        for k, f in enumerate(program.funcs):
             if isinstance(f, Update):
                 out[f.name] = buffers[f.name] = _update(f, buffers, out)
                 continue
@@ -173,6 +176,26 @@ def evaluate(program: Program, inputs: dict[str, np.ndarray], *, func=None) -> d
                     else np.broadcast_to(arg, f.shape).astype(f.argindex_dtype)
             fresh = value.shape == f.shape and value.dtype == f.dtype and value.base is None
             out[f.name] = buffers[f.name] = value if fresh else np.broadcast_to(value, f.shape).astype(f.dtype)
+            del value, arg
+            for name in done.get(k, ()):
+                out.pop(name)
+                buffers.pop(name, None)  # (an argindex buffer is only in out)
+    return out
+
+
+def _done_after(program: Program, keep) -> dict[int, list[str]]:
+    """{k: the Funcs' buffers (argindex ones too) outside `keep` that program.funcs[k] reads last,
+    or makes where nothing reads them}: none where `keep` is None or an update runs."""
+    if keep is None or any(isinstance(f, Update) for f in program.funcs):
+        return {}
+    last: dict[str, int] = {}
+    for k, f in enumerate(program.funcs):
+        last |= {n.buffer: k for n in walk(f.body) if isinstance(n, Load) and n.buffer in last}
+        last |= {name: k for name in (f.name, argindex_name(f.name) if f.keeps_argindex else f.name)}
+    out: dict[int, list[str]] = {}
+    for name, k in last.items():
+        if name not in keep:
+            out.setdefault(k, []).append(name)
     return out
 
 
@@ -272,7 +295,7 @@ def _scatter(s: Scatter, adj: np.ndarray, buffers: dict[str, np.ndarray]) -> Non
 
 
 def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
-                     cotangents: dict[str, np.ndarray], *, scatter=None) -> dict[str, np.ndarray]:
+                     cotangents: dict[str, np.ndarray], *, scatters=None, zeros=np.zeros) -> dict[str, np.ndarray]:
     """{name: gradient} for each name in `wrt`, in that buffer's dtype, by running reverse mode's
     Scatters as written (`adjoints`: `ad.reverse_mode(program, wrt)`, outputs first):
     adj_B = (cotangent of B if B is an output) + sum of B's scatters.
@@ -280,15 +303,18 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
     `buffers` holds the forward pass: the inputs and what `evaluate` returns (argindex buffers
     included), e.g. `inputs | evaluate(program, inputs)`; 0-d buffers may come as shape (1,).
     `cotangents` holds an array per output that `wrt` reaches, keyed by output name. A name in
-    `wrt` that reaches no output gets zeros. `scatter(s, adj, buffers)`, if given, runs each
-    Scatter in place of `_scatter`; reverse scans run here.
+    `wrt` that reaches no output gets zeros. `scatters(adjoint.scatters, adj, buffers)`, if
+    given, runs each adjoint's Scatters in place of `_scatter`; reverse scans run here.
+    `zeros(shape, dtype)` makes the adjoints that start at zero. An adjoint is let go once the
+    last scatter that reads it has run (a recycled buffer for the next, runtime/buffers.py).
     """
     shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     shapes |= {argindex_name(f.name): f.shape for f in program.funcs if f.keeps_argindex}
     env_buffers = {k: np.asarray(a).reshape(shapes[k]) if k in shapes else np.asarray(a)
                    for k, a in buffers.items()}
+    last = _last_readers(adjoints, {adjoint_name(name) for name in wrt})
     with np.errstate(all="ignore"):
-        for adjoint in adjoints:  # outputs first: a scatter reads earlier adjoints
+        for k, adjoint in enumerate(adjoints):  # outputs first: a scatter reads earlier adjoints
             if adjoint.scan is not None:
                 _reverse_scan(adjoint.scan, env_buffers)
                 continue
@@ -303,11 +329,31 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
                 else:
                     adj += seed
             elif adj is None:
-                adj = np.zeros(adjoint.shape, adjoint.dtype)
-            for s in adjoint.scatters:
-                (scatter or _scatter)(s, adj, env_buffers)
+                adj = zeros(adjoint.shape, adjoint.dtype)
+            if scatters is not None:
+                scatters(adjoint.scatters, adj, env_buffers)
+            for s in adjoint.scatters if scatters is None else ():
+                _scatter(s, adj, env_buffers)
             env_buffers[adjoint_name(adjoint.buffer)] = adj
+            del adj
+            for name in last.get(k, ()):
+                del env_buffers[name]
     return {name: env_buffers[adjoint_name(name)].astype(program.buffer(name).dtype, copy=False) for name in wrt}
+
+
+def _last_readers(adjoints, kept: set[str]) -> dict[int, list[str]]:
+    """{k: the adjoints that adjoints[k]'s scatters read last}, but those in `kept`: none where a
+    reverse scan runs (it reads and writes adjoints of its own)."""
+    if any(a.scan is not None for a in adjoints):
+        return {}
+    names = {adjoint_name(a.buffer) for a in adjoints} - kept
+    last = {n.buffer: k for k, a in enumerate(adjoints) for s in a.scatters
+            for e in (s.value, s.where, *s.index) if e is not None for n in walk(e)
+            if isinstance(n, Load) and n.buffer in names}
+    out: dict[int, list[str]] = {}
+    for name, k in last.items():
+        out.setdefault(k, []).append(name)
+    return out
 
 
 __all__ = ["evaluate", "scatter_adjoints"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from halide_ad.ir import Bin, Call, Const, Expr, Func, Op, Program, Reduce, Scatter, Update, Var, dtype_of
-from halide_ad.runtime import reference
+from halide_ad.runtime import reference, vectorized_separable as separable
 from halide_ad.runtime.vectorized_plans import CHUNK, product_factors, index_dims, looped_vars
 from halide_ad.traverse import children, free_vars
 
@@ -27,10 +27,15 @@ def passes(program: Program, adjoints) -> tuple[int, int]:
     the same plans: each node of an expression costs the size of the varying variables it
     depends on, once per loop point, plus PYTHON_STEP per numpy call; a sum of products costs
     its multiply-adds / BLAS_MACS."""
+    shapes = {b.name: b.shape for b in program.inputs} | {f.name: f.shape for f in program.funcs}
     forward = sum(_update_work(f) for f in program.funcs if isinstance(f, Update))
-    forward += sum(_func_work(f) for f in program.funcs if isinstance(f, Func))
+    forward += sum(_func_work(g) for f in program.funcs if isinstance(f, Func)
+                   for g in separable.split_func(f, shapes) or (f,))  # (a separable window: its two passes)
     gradient = sum(_update_work(a.scan.update) for a in adjoints if a.scan)
-    gradient += sum(math.prod(a.shape) + sum(_scatter_work(s) for s in a.scatters) for a in adjoints)
+    gradient += sum(math.prod(a.shape) + sum(_scatter_work(p) if isinstance(p, Scatter) else
+                                             math.prod(p[1]) + sum(map(_scatter_work, p[2] + p[3]))
+                                             for p in separable.scatter_plan(a.scatters, a.shape))
+                    for a in adjoints)
     return forward, gradient
 
 

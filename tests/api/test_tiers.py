@@ -284,3 +284,22 @@ def test_interpreter_calls_make_their_arrays_without_huge_pages():
         assert tiered._set_hugepages(True) is True
     finally:
         tiered._set_hugepages(before)
+
+
+def test_the_interpreter_keeps_what_the_kernels_forward_stores():
+    """A plain call's interpreted forward keeps its outputs alone, a gradient's what gradients read
+    (the other buffers go back to the pool for later Funcs and adjoints); the gradient is right."""
+    from benchmarks.cases import blur_relu_maxpool
+    from halide_ad.ad import read_by_gradients
+    from halide_ad.api import FORWARD
+    x = np.random.default_rng(11).standard_normal((1, 2, 6, 6))
+    traced, arrays = blur_relu_maxpool.trace((x,), {})
+    def made(key):
+        buffers = traced.run(arrays, key)
+        assert tiered.INTERPRETED in buffers
+        return set(buffers) - set(arrays) - {tiered.INTERPRETED}
+    assert made(CALL) == {"maxpool2x2"}
+    assert made(FORWARD) == {"maxpool2x2", "arg_maxpool2x2"} == read_by_gradients(traced.program) & made(FORWARD)
+    out, vjp = hd.vjp(blur_relu_maxpool, x)
+    ct = np.random.default_rng(12).standard_normal(out.shape)
+    np.testing.assert_allclose(vjp(ct)[0], hd.vjp(blur_relu_maxpool.fn, x)[1](ct)[0], rtol=1e-12)

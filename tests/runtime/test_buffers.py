@@ -87,3 +87,14 @@ def test_freed_temporaries_are_not_mapped_again():
     if out[1][0] == "0":
         pytest.skip("malloc is not glibc's")
     assert int(out[1][1]) < 64 < int(out[0][1])
+
+
+def test_zeros_are_zero_when_recycled_too():
+    pool = BufferPool(1 << 30)
+    a = pool.zeros(SHAPE, np.float32)
+    assert not a.any()
+    a[...] = np.nan
+    first = id(a)
+    del a
+    b = pool.zeros(SHAPE, np.float32)
+    assert id(b) == first and not b.any()

@@ -10,29 +10,44 @@ import halide_ad as hd
 from halide_ad import config
 from halide_ad.ad import reverse_mode
 from halide_ad.api import as_function
-from halide_ad.runtime import bitselect, reference, vectorized, vectorized_cost, vectorized_plans
+from halide_ad.runtime import (bitselect, reference, vectorized, vectorized_cost, vectorized_plans,
+                              vectorized_separable)
 from tests.runtime.test_fuzz_programs import _inputs, build, programs
 from tests import programs as P
 
 
-def _both(fn, args, ct_seed=0):
-    """(reference's, vectorized's) forward buffers and gradients of fn at args."""
+def _each_scatter(scatters, adj, buffers):
+    for s in scatters:
+        vectorized.scatter(s, adj, buffers)
+
+
+INTERPRETERS = {"vectorized": (vectorized.func, _each_scatter),  # (a separable window's taps as written)
+                "separable": (vectorized_separable.func, vectorized_separable.scatters)}  # (the tier's)
+
+
+def _both(fn, args, ct_seed=0, interpreter="separable"):
+    """(reference's, the interpreter's) forward buffers and gradients of fn at args."""
     traced, arrays = as_function(fn).trace(tuple(args), {})
     program, wrt = traced.program, traced.float_args
     adjoints = reverse_mode(program, wrt)
     out = []
-    for func, scatter in ((None, None), (vectorized.func, vectorized.scatter)):
+    for func, scatters in ((None, None), INTERPRETERS[interpreter]):
         buffers = reference.evaluate(program, arrays, func=func)
         shape = np.shape(buffers[program.outputs[0]])
         ct = np.random.default_rng(ct_seed).standard_normal(shape).astype(buffers[program.outputs[0]].dtype)
         grads = reference.scatter_adjoints(program, adjoints, wrt, arrays | buffers, {program.outputs[0]: ct},
-                                           scatter=scatter)
+                                           scatters=scatters)
         out.append((buffers, grads))
     return out
 
 
 def _assert_same(fn, args, rtol=1e-12):
-    (fwd, grads), (vfwd, vgrads) = _both(fn, args)
+    for interpreter in INTERPRETERS:
+        _assert_one(fn, args, rtol, interpreter)
+
+
+def _assert_one(fn, args, rtol, interpreter):
+    (fwd, grads), (vfwd, vgrads) = _both(fn, args, interpreter=interpreter)
     for name, value in fwd.items():
         if value is None:  # (an untaped update's tape)
             continue
@@ -49,7 +64,7 @@ def _assert_same(fn, args, rtol=1e-12):
 def test_random_program_equals_reference(case, seed):
     in_shape, stages = case
     x, w, _ = _inputs(in_shape, seed)
-    _assert_same(build(stages), (x, w), rtol=1e-10)
+    _assert_one(build(stages), (x, w), 1e-10, "separable")  # (which runs the rest as `vectorized` does)
 
 
 KERNELS = {
@@ -165,11 +180,12 @@ def test_pipeline_relu_and_pool_at_the_edges(shape, layout, dtype):
     x.flat[::5] = 0.0  # ties at zero after the relu
     x.flat[3] = np.nan if x.size > 3 else x.flat[-1]
     x = (layout or np.asarray)(x.astype(dtype))
-    (fwd, grads), (vfwd, vgrads) = _both(blur_relu_maxpool, (x,))
     tol = 2e-6 if dtype == np.float32 else 1e-12  # (sums of nine taps round apart: an absolute part too)
-    for mine, theirs in ((vfwd, fwd), (vgrads, grads)):
-        for name, value in theirs.items():
-            np.testing.assert_allclose(mine[name], value, rtol=tol, atol=tol, err_msg=name)
+    for interpreter in INTERPRETERS:
+        (fwd, grads), (vfwd, vgrads) = _both(blur_relu_maxpool, (x,), interpreter=interpreter)
+        for mine, theirs in ((vfwd, fwd), (vgrads, grads)):
+            for name, value in theirs.items():
+                np.testing.assert_allclose(mine[name], value, rtol=tol, atol=tol, err_msg=name)
 
 
 def test_funcs_fill_recycled_buffers_never_held_ones(monkeypatch):
@@ -271,7 +287,7 @@ def test_the_cost_model_counts_what_numpy_does():
 
 # whether a first call (forward and gradient: one tier for both) runs on the interpreter at the
 # default cap (per pass), at the benchmark's shapes: all of them (the bilinear resize's passes at
-# 0.89 and 0.84 of it; its first vjp and backward took 3.2-3.3 s there against 3.5-5.1 s
+# 0.57 and 0.68 of it, as two passes of its separable window, 0.89 and 0.84 as its taps; its first vjp and backward took 3.2-3.3 s there against 3.5-5.1 s
 # compiling first, load 4, docs/performance.md)
 INTERPRETED = {"blur": True, "conv2d": True, "conv2d_s2": True, "maxpool": True, "avgpool": True,
                "upsample": True, "bilinear": True, "dense": True, "pipeline": True}
