@@ -29,7 +29,7 @@ from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
-from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
                                      nest as loop_nest, walk)
 from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
                                        scatter, split_loop_nest, tap_rows, weighted_sums, wide_gathers)
@@ -41,7 +41,7 @@ from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, p
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
-from halide_ad.runtime.schedule.staging import stage_plane
+from halide_ad.runtime.schedule.staging import fuse_plane, plane_read, stage_plane
 from halide_ad.traverse import flat_index, walk as walk_expr
 
 
@@ -309,8 +309,6 @@ def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) ->
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
     stage = em.temp("stage")  # unique in the kernel: two stages in one function may differ in type
-    comment = Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
-                      f"reading {name} one plane at a time from {stage}")
     par = parallel_dim(shape)
     plane = producer.adjoint.shape[depth:]
     allocate = Allocate(stage, tuple(plane), dtype, stack=len(plane) == 1 and plane[0] <= SCRATCH_MAX)
@@ -319,7 +317,13 @@ def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) ->
             if em.name(mine) != em.name(theirs)]
     read = read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)], depth)
     pair = block(nest(k, depth, read, {name}), nest(k + 1, depth, staged={name}))
-    inner: Stmt = block(*body, schedule.run(stage_plane, pair, name, depth, stage, dtype))
+    staged = schedule.run(fuse_plane, schedule.run(stage_plane, pair, name, depth, stage, dtype), stage, dtype)
+    whole = plane_read(staged, stage)  # else each element is read in the iteration that computes it
+    comment = Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
+                      + (f"reading {name} one plane at a time from {stage}" if whole else
+                         f"reading each element of {name} where it is computed"))
+    allocate = allocate if whole else Block()
+    inner: Stmt = block(*body, staged)
     for d, var in reversed(loops_):
         inner = For(var, 0, shape[d], Kind.PARALLEL if d == par else Kind.SERIAL,
                     block(allocate, inner) if d == par else block(inner))  # (one plane per thread)
