@@ -22,6 +22,8 @@ in that order.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from halide_ad import config
 from halide_ad.ir import INDEX_DTYPE, Buffer, Cast, Const, Func, Load, Op, Program, Reduce, Var, adjoint_name, argindex_name
 from halide_ad.show import show_func
@@ -29,19 +31,19 @@ from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
-from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
                                      nest as loop_nest, walk)
 from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
                                        scatter, split_loop_nest, tap_rows, weighted_sums, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
-from halide_ad.runtime.schedule.column_parts import column_parts, row_blocks, row_term
+from halide_ad.runtime.schedule.column_parts import ROWS_AT_ONCE, column_parts, row_blocks, row_term
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
-from halide_ad.runtime.schedule.staging import stage_plane
+from halide_ad.runtime.schedule.staging import fuse_plane, plane_read, stage_plane
 from halide_ad.traverse import flat_index, walk as walk_expr
 
 
@@ -267,12 +269,24 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
         m += unit
     if not folded:
         return loop_nest(loops_, block(*body))
+    step = ROWS_AT_ONCE if blocks.size % ROWS_AT_ONCE == 0 and not config.skipped("rows_at_once") else 1
+    rows = em.name(Var("rows")) if step > 1 else None
+    sums = []
     for (plan, gs), name in zip(folded, parts, strict=True):
         target = Load(name, (part, plan.new_vars[0]), "float64")
-        body.append(block(
+
+        def term(p, target=target):  # each column's rows in order, as a row at a time added them
+            add = Accumulate(target, row_term(p, row))
+            return add if rows is None else For(em.name(row), rows, f"{rows} + {step}", Kind.SERIAL, block(add))
+        sums.append(block(
             Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
-                    f"this block's rows added into {name}"),
-            *(_columns(plan, Accumulate(target, row_term(p, row))) for g in gs for p in g.pieces)))
+                    f"this block's rows added into {name}" + (f", {step} rows at a time" if rows else "")),
+            *(_columns(plan, term(p)) for g in gs for p in g.pieces)))
+    if rows is None:
+        body += sums
+    else:
+        loops_ = [(rows, start, f"{start} + {blocks.size}", Kind.SERIAL)]
+        body = [For(em.name(row), rows, f"{rows} + {step}", Kind.SERIAL, block(*body)), *sums]
     combined = []
     for (plan, _), name in zip(folded, parts, strict=True):
         col, acc, b = plan.new_vars[0], Local("acc", "float64"), Var("part")
@@ -280,7 +294,10 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
             Let(acc, Load(name, (Const(0, INDEX_DTYPE), col), "float64")),
             For(b, 1, blocks.count, Kind.SERIAL, block(Accumulate(acc, Load(name, (b, col), "float64")))),
             Store(adjoint_name(plan.adjoint.buffer), (col,), acc))))
-    group = For(part_name, 0, blocks.count, Kind.PARALLEL, block(zeros, loop_nest(loops_, block(*body))))
+    rows_loop = loop_nest(loops_, block(*body))
+    if rows is not None:
+        rows_loop = replace(rows_loop, step=step)
+    group = For(part_name, 0, blocks.count, Kind.PARALLEL, block(zeros, rows_loop))
     return block(group, *combined)
 
 
@@ -309,8 +326,6 @@ def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) ->
     shape, dtype = consumer.adjoint.shape, producer.adjoint.dtype
     name = adjoint_name(producer.adjoint.buffer)
     stage = em.temp("stage")  # unique in the kernel: two stages in one function may differ in type
-    comment = Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
-                      f"reading {name} one plane at a time from {stage}")
     par = parallel_dim(shape)
     plane = producer.adjoint.shape[depth:]
     allocate = Allocate(stage, tuple(plane), dtype, stack=len(plane) == 1 and plane[0] <= SCRATCH_MAX)
@@ -319,7 +334,13 @@ def _staged(em: Emitter, computed, k: int, depth: int, nest, opened: int = 0) ->
             if em.name(mine) != em.name(theirs)]
     read = read_box(producer, consumer, [c for c in consumer.contributions if isinstance(c, Gather)], depth)
     pair = block(nest(k, depth, read, {name}), nest(k + 1, depth, staged={name}))
-    inner: Stmt = block(*body, schedule.run(stage_plane, pair, name, depth, stage, dtype))
+    staged = schedule.run(fuse_plane, schedule.run(stage_plane, pair, name, depth, stage, dtype), stage, dtype)
+    whole = plane_read(staged, stage)  # else each element is read in the iteration that computes it
+    comment = Comment(f"{adjoint_name(consumer.adjoint.buffer)}: {len(consumer.contributions)} contribution(s), "
+                      + (f"reading {name} one plane at a time from {stage}" if whole else
+                         f"reading each element of {name} where it is computed"))
+    allocate = allocate if whole else Block()
+    inner: Stmt = block(*body, staged)
     for d, var in reversed(loops_):
         inner = For(var, 0, shape[d], Kind.PARALLEL if d == par else Kind.SERIAL,
                     block(allocate, inner) if d == par else block(inner))  # (one plane per thread)

@@ -81,8 +81,8 @@ def _join(group: list[For], nest: For) -> For | None:
         if first.var in _vars(nest):  # an inner loop or a read of the group's name: no renaming
             return None
         nest = _rename(nest, {nest.var: first.var})
-    mine = _accesses(nest)
-    theirs = [a for member in group for a in _accesses(member)]
+    mine = accesses(nest)
+    theirs = [a for member in group for a in accesses(member)]
     written = {b for b, _, w in mine if w} | {b for b, _, w in theirs if w}
     shared = written & {b for b, _, _ in mine} & {b for b, _, _ in theirs}
     if any(b in shared and (not index or index[0] != first.var) for b, index, _ in mine + theirs):
@@ -95,12 +95,12 @@ def _by_rows(nest: For) -> bool:
     variable), so that a serial nest may run in a parallel group: softmax's reciprocal per row,
     4096 points, too few to run in parallel alone, would otherwise split the forward's row
     group in two."""
-    accesses = _accesses(nest)
-    written = {b for b, _, w in accesses if w}
-    return all(b not in written or index[:1] == (nest.var,) for b, index, _ in accesses)
+    found = accesses(nest)
+    written = {b for b, _, w in found if w}
+    return all(b not in written or index[:1] == (nest.var,) for b, index, _ in found)
 
 
-def _accesses(s: Stmt) -> list[tuple[str, tuple[Expr, ...], bool]]:
+def accesses(s: Stmt) -> list[tuple[str, tuple[Expr, ...], bool]]:
     """(buffer, index, whether written) for every read and write of a buffer in `s`."""
     out: list[tuple[str, tuple[Expr, ...], bool]] = []
     for n in walk(s):
@@ -108,11 +108,11 @@ def _accesses(s: Stmt) -> list[tuple[str, tuple[Expr, ...], bool]]:
             out.append((n.buffer, n.index, True))
         elif isinstance(n, Accumulate) and isinstance(n.target, Load):
             out.append((n.target.buffer, n.target.index, True))
-        out += [(e.buffer, e.index, False) for x in _exprs(n) for e in walk_expr(x) if isinstance(e, Load)]
+        out += [(e.buffer, e.index, False) for x in own_exprs(n) for e in walk_expr(x) if isinstance(e, Load)]
     return out
 
 
-def _exprs(s: Stmt) -> tuple[Expr, ...]:
+def own_exprs(s: Stmt) -> tuple[Expr, ...]:
     """The expressions of statement `s` itself (not of the statements inside it)."""
     match s:
         case For(var, lo, hi):
@@ -129,7 +129,7 @@ def _exprs(s: Stmt) -> tuple[Expr, ...]:
 
 
 def _vars(s: Stmt) -> set[Var]:
-    return {v for n in walk(s) for x in _exprs(n) for v in walk_expr(x) if isinstance(v, Var)}
+    return {v for n in walk(s) for x in own_exprs(n) for v in walk_expr(x) if isinstance(v, Var)}
 
 
 def _rename(s: Stmt, env: dict[Var, Var]) -> Stmt:
@@ -163,7 +163,7 @@ def rows_local(s: Block, candidates: dict[str, tuple[tuple[int, ...], str]], tem
     operations in the same order: the same bits."""
     users: dict[str, list[int]] = {}
     for k, stmt in enumerate(s.body):
-        for b in {b for b, _, _ in _accesses(stmt)}:
+        for b in {b for b, _, _ in accesses(stmt)}:
             users.setdefault(b, []).append(k)
     out = list(s.body)
     for name, (shape, dtype) in candidates.items():
@@ -173,12 +173,12 @@ def rows_local(s: Block, candidates: dict[str, tuple[tuple[int, ...], str]], tem
         group = out[k]
         if (not isinstance(group, For) or group.kind is not Kind.PARALLEL and group.kind is not Kind.SERIAL
                 or any(isinstance(n, For) and n.kind is Kind.PARALLEL for n in walk(group.body))  # (outlined)
-                or any(b == name and index[:1] != (group.var,) for b, index, _ in _accesses(group))
+                or any(b == name and index[:1] != (group.var,) for b, index, _ in accesses(group))
                 or any(isinstance(n, Accumulate) and isinstance(n.target, Load) and n.target.buffer == name
                        for n in walk(group))):
             continue
         local = temp("row")
-        loads = {e for n in walk(group) for x in _exprs(n) for e in walk_expr(x) if isinstance(e, Load) and e.buffer == name}
+        loads = {e for n in walk(group) for x in own_exprs(n) for e in walk_expr(x) if isinstance(e, Load) and e.buffer == name}
         rows = {Row(e): Local(local, dtype) for e in loads}  # (first: the rewrite goes bottom-up)
         elements = {e: Element(local, e.index[1:], dtype) for e in loads}
         body = _local_rows(group.body, name, Element(local, (), dtype),

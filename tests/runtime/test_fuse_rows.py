@@ -304,6 +304,23 @@ def test_layer_norm_gain_gradient_folds_into_the_row_group(monkeypatch, dtype):
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=10 * tol, atol=10 * tol)
 
 
+def test_folded_rows_added_a_few_at_a_time_give_the_same_bits(monkeypatch):
+    """Each block adds ROWS_AT_ONCE rows into its partial row per pass over it, every column's
+    rows still in order: the bits of one row at a time."""
+    from halide_ad.runtime import kernels
+    monkeypatch.setenv("HALIDE_AD_TIERED", "0")
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
+    args = _inputs("layer_norm", (256, 24), np.float32, False)
+    ct = np.random.default_rng(3).standard_normal((256, 24)).astype(np.float32)
+    source = hd.explain(_fresh(OPS["layer_norm"][0]), *args).backward_source
+    assert f"adj_arg1_parts, {kernels.ROWS_AT_ONCE} rows at a time" in source
+    _, grads = _run(OPS["layer_norm"][0], args, ct)
+    monkeypatch.setenv("HALIDE_AD_SKIP", "rows_at_once")
+    assert "rows at a time" not in hd.explain(_fresh(OPS["layer_norm"][0]), *args).backward_source
+    _, one = _run(OPS["layer_norm"][0], args, ct)
+    assert all(g.tobytes() == h.tobytes() for g, h in zip(grads, one, strict=True))
+
+
 def test_layer_norm_gain_gradient_folded_matches_finite_differences(monkeypatch):
     monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "0")
     x, g, b = _inputs("layer_norm", (128, 5), np.float64, False)

@@ -1,10 +1,10 @@
-"""runtime/lanes.py: the vector fold of a reduction's lanes gives the bits of the scalar lanes."""
+"""runtime/lanes.py: the vector fold of a reduction's lanes gives the bits of its SPLIT vectors of scalar lanes."""
 import numpy as np
 import pytest
 from numba import njit
 
 from halide_ad.runtime import lanes
-from halide_ad.runtime.lanes import LANES
+from halide_ad.runtime.lanes import LANES, SPLIT
 
 
 @njit
@@ -14,12 +14,19 @@ def _fold_all(row, lo, hi, init):
 
 
 def _scalar_lanes(row, lo, hi, init, op):
-    """Lane q combining row[k + q] for k in range(lo, hi, LANES), one element at a time."""
-    out = list(init)
+    """Lane q of vector s combining row[k + q] for the rounds k in range(lo, hi, LANES) whose
+    number is s mod SPLIT (vector 0 those past the last whole group of SPLIT), one element at a
+    time; then the vectors combined pairwise."""
+    identity = {np.add: 0.0, np.multiply: 1.0, np.maximum: -np.inf, np.minimum: np.inf}[op]
+    vecs = [list(init)] + [[init.dtype.type(identity)] * LANES for _ in range(SPLIT - 1)]
+    whole = lo + (hi - lo) // (LANES * SPLIT) * (LANES * SPLIT)
     for k in range(lo, hi, LANES):
+        s = (k - lo) // LANES % SPLIT if k < whole else 0
         for q in range(LANES):
-            out[q] = op(out[q], init.dtype.type(row[k + q]))
-    return np.array(out, init.dtype)
+            vecs[s][q] = op(vecs[s][q], init.dtype.type(row[k + q]))
+    while len(vecs) > 1:
+        vecs = [[op(a, b) for a, b in zip(u, v)] for u, v in zip(vecs[::2], vecs[1::2])]
+    return np.array(vecs[0], init.dtype)
 
 
 @pytest.mark.parametrize("row_dtype, lane_dtype", [(np.float32, np.float64), (np.float64, np.float64),

@@ -1,5 +1,5 @@
-"""The staging pass (runtime/schedule/staging.py, `stage_plane`) on loop-nest data, and a staged
-gradient against the same one with the pass's decision turned off."""
+"""The staging passes (runtime/schedule/staging.py, `stage_plane`, `fuse_plane`) on loop-nest data,
+and a staged gradient against the same one with the pass's decision turned off."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,11 +8,11 @@ import numpy as np
 
 import halide_ad as hd
 from halide_ad import ops
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Select, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Cast, Const, Load, Op, Select, Var
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import (Accumulate, Element, Fold, For, Hoisted, Kind, Lanes, Let, Local, Row, Store,
                                      block)
-from halide_ad.runtime.schedule.staging import stage_plane
+from halide_ad.runtime.schedule.staging import fuse_plane, plane_read, stage_plane
 
 n, i, j = Var("n"), Var("i"), Var("j")
 
@@ -65,3 +65,43 @@ def test_a_staged_gradient_matches_the_unstaged_one(monkeypatch):
     monkeypatch.setenv("HALIDE_AD_SKIP", "stage_plane")
     assert "stage" not in hd.explain(hd.func(_pipeline), x).backward_source
     np.testing.assert_allclose(hd.vjp(hd.func(_pipeline), x)[1](ct), staged, rtol=1e-12)
+
+
+def _at(*index):
+    return Element("stage1", tuple(index), "float32", partial=True)
+
+
+def test_a_plane_read_where_it_is_computed_becomes_a_scalar_of_one_loop():
+    acc, acc64 = Local("acc", "float32"), Local("acc", "float64")
+    producer = For("j", 0, 4, Kind.SERIAL, block(Let(acc64, Load("x", (n, j), "float64")), Let(_at(j), acc64)))
+    consumer = For("j", 0, 4, Kind.SERIAL, block(
+        Let(acc, Bin(Op.MUL, _at(j), Load("e", (n, j), "float32"))), Store("adj_x", (n, j), acc)))
+    out = fuse_plane(block(producer, consumer), "stage1", "float32")
+    value = Local("stage1_value", "float32")
+    assert out == block(For("j", 0, 4, Kind.SERIAL, block(
+        Let(acc64, Load("x", (n, j), "float64")), Let(value, Cast("float32", acc64)),  # rounded as the store did
+        Let(acc, Bin(Op.MUL, value, Load("e", (n, j), "float32"))), Store("adj_x", (n, j), acc))))
+    assert not plane_read(out, "stage1") and plane_read(block(producer, consumer), "stage1")
+    # the consumer reads a neighbour's element, or a local of the producer's: two loops stay
+    shifted = replace(consumer, body=block(Let(acc, _at(_plus(j, 1))), Store("adj_x", (n, j), acc)))
+    carried = replace(consumer, body=block(Store("adj_x", (n, j), Bin(Op.MUL, _at(j), acc64))))
+    # the producer writes a buffer; the loops' ranges differ
+    writes = replace(producer, body=block(Store("adj_y", (n, j), acc64), *producer.body.body))
+    for pair in (block(producer, shifted), block(producer, carried), block(writes, consumer),
+                 block(producer, replace(consumer, hi=3))):
+        assert fuse_plane(pair, "stage1", "float32") == pair
+
+
+def _softmax(a):
+    return ops.softmax(a, axis=-1)
+
+
+def test_softmax_gradient_reads_its_exp_adjoint_where_it_is_computed(monkeypatch):
+    x = np.cos(np.arange(16 * 40, dtype=np.float32)).reshape(16, 40)
+    ct = np.sin(np.arange(16 * 40, dtype=np.float32)).reshape(16, 40)
+    source = hd.explain(hd.func(_softmax), x).backward_source
+    assert "reading each element of adj_softmax_exp where it is computed" in source
+    fused = hd.vjp(hd.func(_softmax), x)[1](ct)
+    monkeypatch.setenv("HALIDE_AD_SKIP", "fuse_plane")
+    assert "where it is computed" not in hd.explain(hd.func(_softmax), x).backward_source
+    assert np.array_equal(hd.vjp(hd.func(_softmax), x)[1](ct), fused)  # the same bits
