@@ -29,7 +29,7 @@ from halide_ad.affine import Affine
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Stmt,
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, IfElse, Kind, Let, Local, Stmt,
                                      Store, block, map_exprs, nest)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
@@ -214,9 +214,9 @@ def _separable(em: Emitter, split, vars_, shape, body) -> Stmt:
 
     name_i = em.name(i)
     first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
-    start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
+    start, stop = (affine({i: sep.row_stride}, first + n) for n in (span - fresh, span))
     if span > fresh:  # the first output row filters all its rows (one loop: numba compiles the body once)
-        start = f"0 if {name_i} == {lo_i} else {start}"
+        start = IfElse(Chain(Op.EQ, (i, Const(lo_i, INDEX_DTYPE))), Const(0, INDEX_DTYPE), start)
     name_k, name_j = em.name(k), em.name(j)
     filtered = For(name_k, start, stop, Kind.SERIAL, block(For(name_j, lo_j, hi_j + 1, Kind.SERIAL, block(
         Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype))))))))

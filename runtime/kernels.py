@@ -247,8 +247,9 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
         part_name = em.name(part)
         zeros = block(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
                         for (plan, _), name in zip(folded, parts, strict=True)))
-        start = f"{part_name} * {blocks.size}"
-        loops_ = [(em.name(row), start, f"{start} + {blocks.size}", Kind.SERIAL)]
+        size = Const(blocks.size, INDEX_DTYPE)
+        start = Chain(Op.MUL, (part, size))
+        loops_ = [(em.name(row), start, Chain(Op.ADD, (start, size)), Kind.SERIAL)]
     else:
         loops_ = [(em.name(first.new_vars[d]), 0, first.adjoint.shape[d], Kind.PARALLEL if d == depth - 1 else Kind.SERIAL)
                   for d in range(depth)]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from halide_ad.ir import Expr, Load, Op, Var, dtype_of
+from halide_ad.ir import INDEX_DTYPE, Expr, Load, Op, Var, dtype_of
 from halide_ad.ir import show as show_expr
 
 
@@ -24,7 +24,7 @@ class Kind(Enum):
     AT_MOST_ONCE = "at most once"  # proved to run zero times or once: `var = lo`, then a test
 
 
-Bound = Expr | int | str  # a str is Python text, for bounds not yet lowered (`span[0]`)
+Bound = Expr | int
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,28 @@ class Spans:
     extent: int
     inside: tuple[tuple[Var | str, int, int], ...]
     body: Block
+
+
+@dataclass(frozen=True, slots=True)
+class Text(Expr):
+    """Python text the emitter has printed already: a resolved loop's bound (`emit.resolve`).
+    Only the emitter makes one, as it makes `Source` lines."""
+    text: str
+    dtype: str = INDEX_DTYPE
+
+
+@dataclass(frozen=True, slots=True)
+class IfElse(Expr):
+    """`then if cond else otherwise`, printed without the parentheses of a Select's Python form:
+    a loop bound that differs on an enclosing loop's first iteration (a separable window's first
+    row, runtime/gathers.py)."""
+    cond: Expr
+    then: Expr
+    otherwise: Expr
+
+    @property
+    def dtype(self) -> str:
+        return dtype_of(self.then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +378,10 @@ def _expr(e) -> str:
     match e:
         case str() | int():
             return str(e)
+        case Text(text):
+            return text
+        case IfElse(cond, then, otherwise):
+            return f"{_expr(then)} if {_expr(cond)} else {_expr(otherwise)}"
         case Local(name):
             return name
         case Element(array, index, _):
