@@ -4,7 +4,8 @@ decisions of runtime/schedule/ say (runtime/kernels.py drives); runtime/emit.py 
 A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
 pass picks. One with a Split (schedule/boundary.py) runs the interior box with its specialized
 gathers, the regions around it, the edge columns inside the box's row loop, the phases of a
-strided dimension, a separable window's two passes over a ring of rows (schedule/separable.py),
+strided dimension, a separable window's two passes over a ring of rows (the `separable` pass
+over the box's plain nest, schedule/separable.py, its points then built by `expand_points`),
 the corners whose gathers are constant taps as one loop over tables (the `tabled_points` pass
 over the regions' nests, schedule/corners.py);
 loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading` rewrite the
@@ -25,12 +26,11 @@ from dataclasses import replace
 from halide_ad import config
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Reduce, Var
 from halide_ad.ir import show
-from halide_ad.affine import Affine
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, IfElse, Kind, Let, Local, Stmt,
-                                     Store, block, map_exprs, nest)
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Point,
+                                     Stmt, Store, block, map_exprs, nest, weighted_sums)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
@@ -39,7 +39,7 @@ from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import points_to_table, tabled_points
 from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
-from halide_ad.runtime.schedule.separable import ring_rows, separable_window
+from halide_ad.runtime.schedule.separable import separable, separable_window
 from halide_ad.runtime.schedule.spans import outside_box
 from halide_ad.traverse import map_children
 
@@ -70,7 +70,7 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
     outer = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(opened, first)]
     i = len(vars_) - 2  # a separable window runs the last two dimensions
-    separable = separable_window(split, shape, first, par)
+    two_passes = separable_window(split, shape, first, par)
     # the loads hoisted for the phases of the box's current iteration (`hoist`); a region's own
     # hoisting ends it, as does the box's end
     hoisted: dict[Expr, Expr] = {}
@@ -78,7 +78,7 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     # regions beside the box in its last dimension only (a plane's edge columns) run inside the
     # box's loop over the dimension before it, while that row is in cache
     def is_column(region) -> bool:
-        return not separable and region[vars_[last]] != box[vars_[last]] and all(
+        return not two_passes and region[vars_[last]] != box[vars_[last]] and all(
             region[vars_[d]] == box[vars_[d]] for d in dims[:-1])
 
     columns = [c for c in split.outside if is_column(c[0])]
@@ -156,14 +156,16 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         return em.name(vars_[d]), lo, hi + 1, _kind(d == par)
 
     def the_box() -> list[Stmt]:
-        if separable:
-            out = [nest([box_loop(d) for d in range(first, i)], _separable(em, split, vars_, shape, body))]
+        if two_passes:  # (serial loops over i and j: separable_window's condition)
+            window = [(vars_[d], *box_loop(d)[1:3], Kind.SERIAL) for d in (i, i + 1)]
+            box_ = nest([box_loop(d) for d in range(first, i)] + window, Point(tuple(split.inside)))
+            out = [expand_points(schedule.run(separable, box_, split.separable, em.temp("window")), body)]
         else:
             out = box_loops(first, (), {})
         hoisted.clear()
         return out
 
-    out = the_box() if separable else []
+    out = the_box() if two_passes else []
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
     around = [r for r in split.outside if not is_column(r[0])]
@@ -180,74 +182,26 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
         inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
         out.append(schedule.run(outside_box, plain, em.name(vars_[last]), box[vars_[last]], inside))
-    if not separable:
+    if not two_passes:
         out += the_box()
     return nest(outer, block(*out))
 
 
-def _separable(em: Emitter, split, vars_, shape, body) -> Stmt:
-    """The box's last two dimensions (i, j) as two passes of the Separable window: each source
-    row it reads, filtered along j into a ring of rows, then, per output row, the ring's rows
-    summed along i. Each output row filters only the source rows the previous one did not read,
-    so the ring stays in L1 and each source row is read from memory once (one temporary for the
-    whole plane, then a second pass over it, ran bilinear's gradient 15% slower)."""
-    sep = split.separable
-    (i, j), dtype = vars_[-2:], sep.src.dtype
-    (lo_i, hi_i), (lo_j, hi_j) = (split.box.get(v, (0, n - 1)) for v, n in zip((i, j), shape[-2:], strict=True))
-    first_row = min(r for r, _ in sep.rows)
-    span = max(r for r, _ in sep.rows) - first_row + 1
-    fresh = min(sep.row_stride, span)  # the rows an output row reads that the one before did not
-    mask = ring_rows(split) - 1
-    tmp, k = em.temp("window"), Var("row")
-
-    def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
-        return Affine.of(coeffs, c).to_expr()
-
-    def ring(row: Expr) -> Element:
-        """The ring's slot for source row `row` (of the ring's numbering), at column j."""
-        return Element(tmp, (Chain(Op.AND, (row, Const(mask, INDEX_DTYPE))), affine({j: 1}, -lo_j)), dtype)
-
-    lead = sep.src.index[:-2]
-    source_row = affine({k: 1}, sep.row_stride * lo_i + first_row)  # row k of the ring's numbering
-    taps = [(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c))), weight)
-            for c, weight in sep.cols]
-
-    name_i = em.name(i)
-    first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
-    start, stop = (affine({i: sep.row_stride}, first + n) for n in (span - fresh, span))
-    if span > fresh:  # the first output row filters all its rows (one loop: numba compiles the body once)
-        start = IfElse(Chain(Op.EQ, (i, Const(lo_i, INDEX_DTYPE))), Const(0, INDEX_DTYPE), start)
-    name_k, name_j = em.name(k), em.name(j)
-    filtered = For(name_k, start, stop, Kind.SERIAL, block(For(name_j, lo_j, hi_j + 1, Kind.SERIAL, block(
-        Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype))))))))
-    summed = For(name_j, lo_j, hi_j + 1, Kind.SERIAL, block(body(
-        [], terms=[(ring(affine({i: sep.row_stride}, first + r - first_row)), weight) for r, weight in sep.rows],
-        terms_dtype=dtype)))
-    return block(Comment(f"separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first"),
-                 Allocate(tmp, (mask + 1, hi_j - lo_j + 1), dtype),
-                 For(name_i, lo_i, hi_i + 1, Kind.SERIAL, block(filtered, summed)))
+def expand_points(s: Stmt, body) -> Stmt:
+    """`s` with each Point's statements built: `body(gathers, terms=..., terms_dtype=...)`."""
+    match s:
+        case Point(gathers, terms, terms_dtype):
+            return body(list(gathers), terms=list(terms), terms_dtype=terms_dtype)
+        case Block(stmts):
+            return block(*(expand_points(c, body) for c in stmts))
+        case For(body=inner):
+            return replace(s, body=block(expand_points(inner, body)))
+    return s
 
 
 def _full_loops(em: Emitter, vars_, shape, dims, par, inner: Stmt) -> Stmt:
     """`inner` in a loop over the whole extent of each of `dims`."""
     return nest([(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in dims], inner)
-
-
-def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:
-    """`sum(term * weight)` as one sum per weight, its terms added before the weight multiplies
-    them (`(h1 + h2 + h6) * f32_2`): numba's compile time grows with every operation. A term
-    None is its weight alone."""
-    by_weight: dict[float, list[Expr]] = {}
-    sums: list[Expr] = []
-    for term, weight in terms:
-        if term is not None:
-            by_weight.setdefault(weight, []).append(term)
-        else:
-            sums.append(Const(weight, dtype))
-    for weight, group in by_weight.items():
-        total = group[0] if len(group) == 1 else Chain(Op.ADD, tuple(group), grouped=True)
-        sums.append(total if weight == 1 else Chain(Op.MUL, (total, Const(weight, dtype))))
-    return sums
 
 
 def product(loads: tuple[Load, ...]) -> Expr | None:

@@ -30,9 +30,9 @@ from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
 from halide_ad.runtime.loops import (Accumulate, Allocate, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
-                                     nest as loop_nest, walk)
+                                     nest as loop_nest, walk, weighted_sums)
 from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
-                                       scatter, split_loop_nest, tap_rows, weighted_sums, wide_gathers)
+                                       scatter, split_loop_nest, tap_rows, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.column_parts import column_parts, row_blocks, row_term

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from halide_ad.ir import INDEX_DTYPE, Expr, Load, Op, Var, dtype_of
+from halide_ad.ir import INDEX_DTYPE, Const, Expr, Load, Op, Var, dtype_of
 from halide_ad.ir import show as show_expr
 
 
@@ -68,8 +68,7 @@ class Text(Expr):
 @dataclass(frozen=True, slots=True)
 class IfElse(Expr):
     """`then if cond else otherwise`, printed without the parentheses of a Select's Python form:
-    a loop bound that differs on an enclosing loop's first iteration (a separable window's first
-    row, runtime/gathers.py)."""
+    a loop bound that differs on an enclosing loop's first iteration (schedule/separable.py)."""
     cond: Expr
     then: Expr
     otherwise: Expr
@@ -161,7 +160,7 @@ class Chain(Expr):
     """args[0] op args[1] op ...: terms combined left to right, printed flat (`h1 * h2 * f32_3`,
     `k & 3`), in parentheses where `grouped` (`(h1 + h2 + h6) * f32_2`), instead of the pair of
     parentheses a Bin prints around each operation. The weighted sums of a gather loop nest
-    (`gathers.weighted_sums`) are chains."""
+    (`weighted_sums`) are chains."""
     op: Op
     args: tuple[Expr, ...]
     grouped: bool = False
@@ -169,6 +168,23 @@ class Chain(Expr):
     @property
     def dtype(self) -> str:
         return dtype_of(self.args[0])
+
+
+def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:
+    """`sum(term * weight)` as one sum per weight, its terms added before the weight multiplies
+    them (`(h1 + h2 + h6) * f32_2`): numba's compile time grows with every operation. A term
+    None is its weight alone."""
+    by_weight: dict[float, list[Expr]] = {}
+    sums: list[Expr] = []
+    for term, weight in terms:
+        if term is not None:
+            by_weight.setdefault(weight, []).append(term)
+        else:
+            sums.append(Const(weight, dtype))
+    for weight, group in by_weight.items():
+        total = group[0] if len(group) == 1 else Chain(Op.ADD, tuple(group), grouped=True)
+        sums.append(total if weight == 1 else Chain(Op.MUL, (total, Const(weight, dtype))))
+    return sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +277,17 @@ class Comment:
 
 
 @dataclass(frozen=True, slots=True)
+class Point:
+    """A gather loop nest's point whose statements are not built yet: the sum of `gathers` (the
+    solver's Gathers) and of `terms` ((expression, weight) pairs of `terms_dtype`), stored at the
+    enclosing loops' point. The schedule passes that rewrite a gather loop nest move and rewrite
+    Points (schedule/separable.py); `gathers.expand_points` then builds each one's statements."""
+    gathers: tuple = ()
+    terms: tuple[tuple[Expr, float], ...] = ()
+    terms_dtype: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Source:
     """A line of Python text, and the statements nested under it: a statement as runtime/emit.py
     prints it (`resolve`). Only the emitter makes them."""
@@ -268,7 +295,7 @@ class Source:
     body: Block = Block()
 
 
-Stmt = Block | For | Spans | Store | Accumulate | If | Let | Fail | Allocate | Comment | Source
+Stmt = Block | For | Spans | Store | Accumulate | If | Let | Fail | Allocate | Comment | Point | Source
 
 
 def children(s: Stmt) -> tuple[Stmt, ...]:
@@ -327,6 +354,8 @@ def map_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> Stmt:
             return replace(s, value=fn(value))
         case Spans(body=body):
             return replace(s, body=map_exprs(body, fn))
+        case Point(terms=terms):
+            return replace(s, terms=tuple((fn(e), weight) for e, weight in terms))
     return s  # Allocate, Comment
 
 
@@ -369,6 +398,9 @@ def _show(s: Stmt, depth: int) -> list[str]:
             return lines + ([f"{pad}else:"] + _show(otherwise, depth + 1) if otherwise else [])
         case Comment(text):
             return [f"{pad}# {text}"]
+        case Point(gathers, terms):
+            sums = " + ".join(f"{_expr(e)} * {weight}" for e, weight in terms)
+            return [f"{pad}point({len(gathers)} gather(s){f', {sums}' if sums else ''})"]
         case Source(text, body):
             return [pad + text] + _show(body, depth + 1)
     raise TypeError(f"not a statement: {s!r}")

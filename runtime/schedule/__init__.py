@@ -14,6 +14,9 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `hoist.py`, `hoist_loads`: a gather loop nest's region iteration reads the loads it can once,
   at its top (the phases of a box's iteration share theirs: HALIDE_AD_SKIP=hoist_loads leaves
   those out too).
+* `separable.py`, `separable`: a gather loop nest's box whose window is separable
+  (`separable_window`): its last two loops as two passes over a ring of rows, each point a
+  `loops.Point` of the ring's rows (`gathers.expand_points` builds the points' statements).
 * `corners.py`, `tabled_points`: a gather loop nest's lone points whose gathers are constant
   taps (`points_to_table`) run as one loop over tables, after its other regions.
 * `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the general
@@ -26,7 +29,8 @@ Decisions, pure functions of the IR, each tested on data:
   phases of a strided dimension, and its separable window (`Split`); `cut_dims`.
 * `phases.py`, `pointwise_split`: a pointwise forward definition run in phases, or around an
   interior box where it is a sum of selects on its variables, like a gather.
-* `separable.py`, `separable_window`: whether the separable window runs as two passes.
+* `separable.py`, `separable_window`: whether the separable window runs as two passes (the
+  `separable` pass).
 * `corners.py`, `points_to_table`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `loads_to_hoist`: the loads an iteration reads once, at its top.
 * `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time; `taps_by_rows`:

@@ -147,7 +147,7 @@ def test_a_separable_window_runs_as_two_passes_outside_the_parallel_plane():
     three = ((-1, 0.25), (0, 0.5), (1, 0.25))
     split = Split(box={i: (1, 62), j: (1, 62)}, inside=[],
                   separable=Separable(src, 1, 1, rows=three, cols=three))
-    assert ring_rows(split) == 4  # rows -1 .. 1: the next power of two
+    assert ring_rows(split.separable) == 4  # rows -1 .. 1: the next power of two
     assert separable_window(split, (8, 64, 64), first=1, par=0)
     assert not separable_window(split, (8, 64, 64), first=1, par=1)  # a ring per thread
     assert not separable_window(split, (8, 64, MAX_SEPARABLE_TEMP), first=1, par=0)  # the ring would not fit

@@ -1,5 +1,6 @@
-"""A gather loop nest built whole as loop-nest data (runtime/gathers.py `split_loop_nest`) and the
-hoisting pass over an iteration's statements (runtime/schedule/hoist.py), tested on the nodes."""
+"""A gather loop nest built whole as loop-nest data (runtime/gathers.py `split_loop_nest`), the
+hoisting pass over an iteration's statements (runtime/schedule/hoist.py) and the separable window's
+pass (runtime/schedule/separable.py), tested on the nodes."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,12 +8,15 @@ import pytest
 
 import halide_ad as hd
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Select, Var
-from halide_ad.runtime import emit
+from halide_ad.runtime import emit, schedule
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.gathers import split_loop_nest
-from halide_ad.runtime.loops import Block, For, Hoisted, If, Kind, Let, Local, Row, Source, Spans, Store, block, loops, walk
+from halide_ad.runtime.gathers import expand_points, split_loop_nest
+from halide_ad.runtime.loops import (Allocate, Block, Chain, Element, For, Hoisted, If, IfElse, Kind, Let, Local, Point, Row,
+                                     Source, Spans, Store, block, loops, walk, weighted_sums)
+from halide_ad.runtime.schedule import Separable
 from halide_ad.runtime.schedule.hoist import hoist, reading, substituted
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
+from halide_ad.runtime.schedule.separable import separable
 from halide_ad.runtime.schedule.spans import outside_box
 from halide_ad.traverse import walk as walk_expr
 
@@ -138,16 +142,24 @@ def _blur(img):
     return hd.compute(img.shape, lambda y, x: hd.sum(c[y + r - 1, x + s - 1]) * 0.25, name="blur")
 
 
-@pytest.mark.parametrize("skip, gone", [("tabled_points", "for point in range"),
-                                         ("interior,hoist_loads", "h0 = ")])
-def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(monkeypatch, skip, gone):
+def _blur5(img):
+    """A 5x5 box: 25 terms a point, 10 as a separable window's two passes."""
+    c = hd.repeat_edge(img)
+    r, s = hd.rdom(5, 5)
+    return hd.compute(img.shape, lambda y, x: hd.sum(c[y + r - 2, x + s - 2]) * 0.04, name="blur5")
+
+
+@pytest.mark.parametrize("skip, gone, fn", [("tabled_points", "for point in range", _blur),
+                                             ("interior,hoist_loads", "h0 = ", _blur),
+                                             ("separable", "# separable window", _blur5)])
+def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(monkeypatch, skip, gone, fn):
     img = np.arange(6 * 7, dtype=np.float64).reshape(6, 7) % 5
     ct = np.cos(np.arange(6 * 7, dtype=np.float64)).reshape(6, 7)
-    assert gone in hd.explain(hd.func(_blur), img).backward_source
-    expected = hd.vjp(hd.func(_blur), img)[1](ct)
+    assert gone in hd.explain(hd.func(fn), img).backward_source
+    expected = hd.vjp(hd.func(fn), img)[1](ct)
     monkeypatch.setenv("HALIDE_AD_SKIP", skip)
-    assert gone not in hd.explain(hd.func(_blur), img).backward_source
-    np.testing.assert_allclose(hd.vjp(hd.func(_blur), img)[1](ct), expected, rtol=1e-12)
+    assert gone not in hd.explain(hd.func(fn), img).backward_source
+    np.testing.assert_allclose(hd.vjp(hd.func(fn), img)[1](ct), expected, rtol=1e-12)
 
 
 def test_an_index_that_reads_a_hoisted_load_is_still_checked_at_run_time():
@@ -187,3 +199,50 @@ def test_a_box_without_regions_runs_its_edges_as_spans_and_skipped_the_same(monk
     assert "for span in spans:" not in hd.explain(hd.func(_every_other), img).backward_source
     (grad,) = hd.vjp(hd.func(_every_other), img)[1](ct)
     np.testing.assert_allclose(grad, expected, rtol=1e-12)
+
+
+def _window_box(lo: int, hi: int):
+    """A box over rows and columns lo..hi-1 whose points run the box's gathers, and the 3x3
+    window [1 2 1]/4 x [1 2 1]/4 over x that those gathers are."""
+    three = ((-1, 0.25), (0, 0.5), (1, 0.25))
+    box = For(i, lo, hi, Kind.SERIAL, block(For(j, lo, hi, Kind.SERIAL, block(Point(("the box's gathers",))))))
+    return box, Separable(Load("x", (i, j), "float64"), 1, 1, rows=three, cols=three)
+
+
+def test_the_separable_pass_runs_a_box_as_two_passes_over_a_ring_of_rows():
+    box, sep = _window_box(1, 7)
+    out = separable(box, sep, "window")
+    comment, allocate, rows = out.body
+    assert allocate == Allocate("window", (4, 6), "float64")  # rows -1..1: a ring of 4
+    assert rows.var == i and (rows.lo, rows.hi) == (1, 7)
+    filtered, summed = rows.body.body
+    assert isinstance(filtered.lo, IfElse)  # the first output row filters all three of its rows
+    assert filtered.body.body[0].var == j and isinstance(filtered.body.body[0].body.body[0], Let)
+    (point,) = summed.body.body
+    assert point.gathers == () and point.terms_dtype == "float64" and [w for _, w in point.terms] == [0.25, 0.5, 0.25]
+    assert all(isinstance(e, Element) and e.array == "window" for e, _ in point.terms)
+    # its points, built, add the same terms as the window: run it
+    def body(gs, terms=(), terms_dtype=None):
+        return Store("d", (i, j), Chain(Op.ADD, tuple(weighted_sums(terms, "float64"))))
+    em = Emitter({"x": (8, 8), "d": (8, 8)})
+    source = emit.function(em, "run", block(expand_points(out, body)))
+    assert "for row in range(0 if i == 1 else (i + 1), (i + 2)):" in source
+    x = np.cos(np.arange(64.0)).reshape(8, 8)
+    d = np.zeros((8, 8))
+    namespace = {"np": np, "kernel": lambda fn: fn, "nonneg": lambda k: k}
+    exec(source, namespace)
+    namespace["run"](*[{"x": x, "d": d}[b] for b in em.used], np.zeros(3, np.int64))
+    w = np.array([0.25, 0.5, 0.25])
+    expected = sum(w[a] * w[b] * x[a:a + 6, b:b + 6] for a in range(3) for b in range(3))
+    np.testing.assert_allclose(d[1:7, 1:7], expected, rtol=1e-14)
+
+
+def test_the_separable_pass_leaves_other_nests_alone_and_a_skip_leaves_it_out(monkeypatch, capsys):
+    box, sep = _window_box(1, 7)
+    inner = box.body.body[0]
+    assert separable(inner, sep, "window") == inner  # one loop around the point: no window
+    assert separable(For(n, 0, 2, Kind.SERIAL, block(box)), sep, "window").body.body[1].array == "window"
+    monkeypatch.setenv("HALIDE_AD_DUMP", "separable")
+    monkeypatch.setenv("HALIDE_AD_SKIP", "separable")
+    assert schedule.run(separable, box, sep, "window") == box
+    assert "# after separable (skipped)\nfor i in [1, 7):" in capsys.readouterr().out
