@@ -7,7 +7,7 @@ gathers, the regions around it, the edge columns inside the box's row loop, the 
 strided dimension, a separable window's two passes over a ring of rows (the `separable` pass
 over the box's plain nest, schedule/separable.py, its points then built by `expand_points`),
 the corners whose gathers are constant taps as one loop over tables (the `tabled_points` pass
-over the regions' nests, schedule/corners.py);
+over the regions' nests, each around a `loops.Point` of its gathers, schedule/corners.py);
 loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading` rewrite the
 iteration's statements); an adjoint whose windows walk memory along its last dimension runs a
 row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`); a box's
@@ -36,7 +36,7 @@ from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
-from halide_ad.runtime.schedule.corners import points_to_table, tabled_points
+from halide_ad.runtime.schedule.corners import tabled_points
 from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import separable, separable_window
@@ -83,11 +83,11 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
 
     columns = [c for c in split.outside if is_column(c[0])]
 
-    def regions(chosen, in_box_loop: bool, aliases=None) -> list[Stmt]:
+    def regions(chosen, in_box_loop: bool) -> list[Stmt]:
         """Each region's loop nest, from the first box dimension in (from the last, inside the box's
-        loop over the one before it), running its own specialized gathers with each point read
-        once; a thin one (a row of one image), or one inside the box's loop, runs serially. The
-        variables of `aliases` read as their aliases."""
+        loop over the one before it), around a Point of its own specialized gathers (`build`
+        reads each load once); a thin one (a row of one image), or one inside the box's loop,
+        runs serially."""
         start, out = (last if in_box_loop else first), []
         for region, gs in chosen:
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
@@ -95,14 +95,23 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
             steps = [(d, *ranges[vars_[d]]) for d in range(start, len(vars_))]
             names = {d: em.name(vars_[d]) for d, lo, hi in steps if lo != hi}
             hoisted.clear()
-            s = schedule.run(hoist_loads, body(gs), gs, ranges, em.shapes, written)
+            s: Stmt = Point(tuple(gs), region=tuple(region.items()))
             for d, lo, hi in reversed(steps):
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
                     s = block(Let(vars_[d], Const(lo, INDEX_DTYPE)), s)
                 else:
                     s = For(names[d], lo, hi + 1, _kind(d == par and parallel), block(s))
-            out.append(reading(s, aliases or {}))
+            out.append(s)
         return out
+
+    def build(point: Point) -> Stmt:
+        """A point's statements: a region's with its loads read once at the top of its iteration."""
+        gs = list(point.gathers)
+        if not point.region:
+            return body(gs, terms=list(point.terms), terms_dtype=point.terms_dtype)
+        region = dict(point.region)
+        ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+        return schedule.run(hoist_loads, body(gs), gs, ranges, em.shapes, written)
 
     # the box; a separable one runs before the regions around it, whose edge columns (not inside
     # its row loop, which has none) then find the rows it read in cache: a bilinear gradient's
@@ -118,9 +127,14 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         out = [reading(Let(aliases[v], e), hoisted) for v, e in at.items()]
         for v in aliases.values():
             em.name(v)
-        out += regions([c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]], True, aliases)
+        out += columns_at(lambda region: region[1] < box[vars_[d]][0], d, aliases)
         out += dim_loop(d, combo, at)
-        return out + regions([c for c in columns if c[0][vars_[d]][0] > box[vars_[d]][1]], True, aliases)
+        return out + columns_at(lambda region: region[0] > box[vars_[d]][1], d, aliases)
+
+    def columns_at(side, d: int, aliases) -> list[Stmt]:
+        """The edge columns on one `side` of the box in dimension d, their phased rows read as
+        their `aliases`."""
+        return [reading(expand_points(s, build), aliases) for s in regions([c for c in columns if side(c[0][vars_[d]])], True)]
 
     def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> list[Stmt]:
         if d == len(vars_):
@@ -159,7 +173,7 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         if two_passes:  # (serial loops over i and j: separable_window's condition)
             window = [(vars_[d], *box_loop(d)[1:3], Kind.SERIAL) for d in (i, i + 1)]
             box_ = nest([box_loop(d) for d in range(first, i)] + window, Point(tuple(split.inside)))
-            out = [expand_points(schedule.run(separable, box_, split.separable, em.temp("window")), body)]
+            out = [expand_points(schedule.run(separable, box_, split.separable, em.temp("window")), build)]
         else:
             out = box_loops(first, (), {})
         hoisted.clear()
@@ -168,15 +182,8 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     out = the_box() if two_passes else []
     # the points outside the box, but for the columns; lone points (a plane's corners) whose
     # gathers are constant taps share one loop over tables of their taps
-    around = [r for r in split.outside if not is_column(r[0])]
-    chosen = points_to_table(around, vars_[first:], staged)
-    if chosen:
-        points = [(k, region, taps) for k, (region, _) in enumerate(around) for r, taps in chosen if r is region]
-        dtype = chosen[0][1][0][0].dtype
-        run = body([], terms=[(Local("taps", dtype), 1.0)], terms_dtype=dtype)
-        out += schedule.run(tabled_points, Block(tuple(regions(around, False))), points, vars_[first:], run).body
-    else:
-        out += regions(around, False)
+    around = Block(tuple(regions([r for r in split.outside if not is_column(r[0])], False)))
+    out += expand_points(schedule.run(tabled_points, around, vars_[first:], staged), build).body
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box
         plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
@@ -187,15 +194,15 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     return nest(outer, block(*out))
 
 
-def expand_points(s: Stmt, body) -> Stmt:
-    """`s` with each Point's statements built: `body(gathers, terms=..., terms_dtype=...)`."""
+def expand_points(s: Stmt, build: Callable[[Point], Stmt]) -> Stmt:
+    """`s` with each Point's statements built (`build(point)`), in the order they print."""
     match s:
-        case Point(gathers, terms, terms_dtype):
-            return body(list(gathers), terms=list(terms), terms_dtype=terms_dtype)
+        case Point():
+            return build(s)
         case Block(stmts):
-            return block(*(expand_points(c, body) for c in stmts))
+            return block(*(expand_points(c, build) for c in stmts))
         case For(body=inner):
-            return replace(s, body=block(expand_points(inner, body)))
+            return replace(s, body=block(expand_points(inner, build)))
     return s
 
 

@@ -280,11 +280,15 @@ class Comment:
 class Point:
     """A gather loop nest's point whose statements are not built yet: the sum of `gathers` (the
     solver's Gathers) and of `terms` ((expression, weight) pairs of `terms_dtype`), stored at the
-    enclosing loops' point. The schedule passes that rewrite a gather loop nest move and rewrite
-    Points (schedule/separable.py); `gathers.expand_points` then builds each one's statements."""
+    enclosing loops' point. `region`: the region around the box (a Split.outside box, as pairs)
+    that the point runs in, its gathers specialized to it, where its loads may be read once at the
+    top of an iteration (`hoist_loads`). The schedule passes that rewrite a gather loop nest move
+    and rewrite Points (schedule/separable.py, schedule/corners.py); `gathers.expand_points` then
+    builds each one's statements."""
     gathers: tuple = ()
     terms: tuple[tuple[Expr, float], ...] = ()
     terms_dtype: str | None = None
+    region: tuple[tuple[Var, tuple[int, int]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,9 +402,10 @@ def _show(s: Stmt, depth: int) -> list[str]:
             return lines + ([f"{pad}else:"] + _show(otherwise, depth + 1) if otherwise else [])
         case Comment(text):
             return [f"{pad}# {text}"]
-        case Point(gathers, terms):
-            sums = " + ".join(f"{_expr(e)} * {weight}" for e, weight in terms)
-            return [f"{pad}point({len(gathers)} gather(s){f', {sums}' if sums else ''})"]
+        case Point(gathers, terms, _, region):
+            sums = "".join(f" + {_expr(e)} * {weight}" for e, weight in terms)
+            where = "".join(f", {_expr(v)} in [{lo}, {hi}]" for v, (lo, hi) in region)
+            return [f"{pad}point({len(gathers)} gather(s){sums}{where})"]
         case Source(text, body):
             return [pad + text] + _show(body, depth + 1)
     raise TypeError(f"not a statement: {s!r}")

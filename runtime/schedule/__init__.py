@@ -18,7 +18,8 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   (`separable_window`): its last two loops as two passes over a ring of rows, each point a
   `loops.Point` of the ring's rows (`gathers.expand_points` builds the points' statements).
 * `corners.py`, `tabled_points`: a gather loop nest's lone points whose gathers are constant
-  taps (`points_to_table`) run as one loop over tables, after its other regions.
+  taps (`points_to_table` of the regions' `loops.Point`s) run as one loop over tables, after its
+  other regions.
 * `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the general
   nest runs only at the points outside the box (`loops.Spans`), before the box's own nest.
 * `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's

@@ -222,10 +222,10 @@ def test_the_separable_pass_runs_a_box_as_two_passes_over_a_ring_of_rows():
     assert point.gathers == () and point.terms_dtype == "float64" and [w for _, w in point.terms] == [0.25, 0.5, 0.25]
     assert all(isinstance(e, Element) and e.array == "window" for e, _ in point.terms)
     # its points, built, add the same terms as the window: run it
-    def body(gs, terms=(), terms_dtype=None):
-        return Store("d", (i, j), Chain(Op.ADD, tuple(weighted_sums(terms, "float64"))))
+    def build(point):
+        return Store("d", (i, j), Chain(Op.ADD, tuple(weighted_sums(list(point.terms), "float64"))))
     em = Emitter({"x": (8, 8), "d": (8, 8)})
-    source = emit.function(em, "run", block(expand_points(out, body)))
+    source = emit.function(em, "run", block(expand_points(out, build)))
     assert "for row in range(0 if i == 1 else (i + 1), (i + 2)):" in source
     x = np.cos(np.arange(64.0)).reshape(8, 8)
     d = np.zeros((8, 8))
