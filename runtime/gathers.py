@@ -2,15 +2,17 @@
 decisions of runtime/schedule/ say (runtime/kernels.py drives); runtime/emit.py prints them.
 
 A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
-pass picks. One with a Split (schedule/boundary.py) runs the interior box with its specialized
-gathers, the regions around it, the edge columns inside the box's row loop, the phases of a
-strided dimension, a separable window's two passes over a ring of rows (the `separable` pass
-over the box's plain nest, schedule/separable.py, its points then built by `expand_points`),
-the corners whose gathers are constant taps as one loop over tables (the `tabled_points` pass
-over the regions' nests, each around a `loops.Point` of its gathers, schedule/corners.py);
-loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading` rewrite the
-iteration's statements); an adjoint whose windows walk memory along its last dimension runs a
-row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`); a box's
+pass picks. One with a Split (schedule/boundary.py) is built as plain nests around `loops.Point`s
+of gathers not yet built: the interior box's loops around a Point of its specialized gathers and
+each region's around a Point of its own. Passes then rewrite them: the edge columns run inside
+the box's row loop (`edge_columns`, schedule/columns.py), a strided dimension in phases
+(`phases`, schedule/strided.py), a separable window as two passes over a ring of rows
+(`separable`, schedule/separable.py), the corners whose gathers are constant taps as one loop
+over tables (`tabled_points`, schedule/corners.py); `expand_points` then builds each Point's
+statements. Loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading`
+rewrite the iteration's statements); an adjoint whose windows walk memory along its last
+dimension runs a row at a time, in column blocks when it is 1-D (schedule/rows.py,
+`row_gathers`); a box's
 windows that read along its last dimension run a row at a time, each tap added to the whole row
 (`tap_rows`). A point's guarded pieces follow its sums, the reductions inside them computed
 before (`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`).
@@ -30,17 +32,19 @@ from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Point,
-                                     Stmt, Store, block, map_exprs, nest, weighted_sums)
+                                     Stmt, Store, block, map_exprs, nest, walk, weighted_sums)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
-from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
+from halide_ad.runtime.schedule.columns import edge_columns
+from halide_ad.runtime.schedule.hoist import hoist_loads, reading
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
 from halide_ad.runtime.schedule.separable import separable, separable_window
 from halide_ad.runtime.schedule.spans import outside_box
+from halide_ad.runtime.schedule.strided import phases
 from halide_ad.traverse import map_children
 
 
@@ -53,9 +57,10 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (or, without regions, one over all
     the points outside the box running the general gathers), then one over the box running
-    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
-    regions beside the box in its last dimension only run inside the box's loop, next to each
-    row's interior. `body` builds a point's statements, once per region and once per phase. The
+    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p
+    (`phases`). The regions beside the box in its last dimension only run inside the box's loop,
+    next to each row's interior (`edge_columns`). `body` builds a point's statements, once per
+    region and once per phase (`expand_points`). The
     loops over the first `opened` dimensions are open already (outside the nest returned);
     `terms` is the gathers' terms per point. `by_rows(gathers, var, lo, hi)` is the box's
     gathers over a row of the last dimension, columns lo..hi-1, a row at a time (`tap_rows`),
@@ -71,30 +76,17 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     outer = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(opened, first)]
     i = len(vars_) - 2  # a separable window runs the last two dimensions
     two_passes = separable_window(split, shape, first, par)
-    # the loads hoisted for the phases of the box's current iteration (`hoist`); a region's own
-    # hoisting ends it, as does the box's end
-    hoisted: dict[Expr, Expr] = {}
 
-    # regions beside the box in its last dimension only (a plane's edge columns) run inside the
-    # box's loop over the dimension before it, while that row is in cache
-    def is_column(region) -> bool:
-        return not two_passes and region[vars_[last]] != box[vars_[last]] and all(
-            region[vars_[d]] == box[vars_[d]] for d in dims[:-1])
-
-    columns = [c for c in split.outside if is_column(c[0])]
-
-    def regions(chosen, in_box_loop: bool) -> list[Stmt]:
-        """Each region's loop nest, from the first box dimension in (from the last, inside the box's
-        loop over the one before it), around a Point of its own specialized gathers (`build`
-        reads each load once); a thin one (a row of one image), or one inside the box's loop,
-        runs serially."""
-        start, out = (last if in_box_loop else first), []
+    def regions(chosen) -> list[Stmt]:
+        """Each region's loop nest, from the first box dimension in, around a Point of its own
+        specialized gathers (`build` reads each load once); a thin one (a row of one image) runs
+        serially."""
+        out = []
         for region, gs in chosen:
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-            parallel = not in_box_loop and region_parallel(ranges)
-            steps = [(d, *ranges[vars_[d]]) for d in range(start, len(vars_))]
+            parallel = region_parallel(ranges)
+            steps = [(d, *ranges[vars_[d]]) for d in range(first, len(vars_))]
             names = {d: em.name(vars_[d]) for d, lo, hi in steps if lo != hi}
-            hoisted.clear()
             s: Stmt = Point(tuple(gs), region=tuple(region.items()))
             for d, lo, hi in reversed(steps):
                 if lo == hi:  # a loop of one point costs numba more to compile than the body
@@ -105,84 +97,54 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         return out
 
     def build(point: Point) -> Stmt:
-        """A point's statements: a region's with its loads read once at the top of its iteration."""
+        """A point's statements: a region's with its loads read once at the top of its iteration;
+        each read as the Point's `reads` says."""
         gs = list(point.gathers)
-        if not point.region:
-            return body(gs, terms=list(point.terms), terms_dtype=point.terms_dtype)
-        region = dict(point.region)
-        ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-        return schedule.run(hoist_loads, body(gs), gs, ranges, em.shapes, written)
-
-    # the box; a separable one runs before the regions around it, whose edge columns (not inside
-    # its row loop, which has none) then find the rows it read in cache: a bilinear gradient's
-    # edges ran 2.5 ms faster after its interior than before it (other boxes ran as fast or
-    # slightly faster after)
-    phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
-
-    def box_loops(d: int, combo: tuple[int, ...], at: dict) -> list[Stmt]:
-        if not (d == last and columns):
-            return dim_loop(d, combo, at)
-        # a phased row is j = s*q + p: the columns' gathers read it under a name of its own
-        aliases = {v: Var(f"{v.name}_{e.rhs.value}") for v, e in at.items()}
-        out = [reading(Let(aliases[v], e), hoisted) for v, e in at.items()]
-        for v in aliases.values():
-            em.name(v)
-        out += columns_at(lambda region: region[1] < box[vars_[d]][0], d, aliases)
-        out += dim_loop(d, combo, at)
-        return out + columns_at(lambda region: region[0] > box[vars_[d]][1], d, aliases)
-
-    def columns_at(side, d: int, aliases) -> list[Stmt]:
-        """The edge columns on one `side` of the box in dimension d, their phased rows read as
-        their `aliases`."""
-        return [reading(expand_points(s, build), aliases) for s in regions([c for c in columns if side(c[0][vars_[d]])], True)]
-
-    def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> list[Stmt]:
-        if d == len(vars_):
-            return [reading(body(split.phases[combo], at) if split.phased else body(split.inside), hoisted)]
-        v = vars_[d]
-        if d not in phased:
-            lo, hi = box[v] if v in box else (0, shape[d] - 1)
-            if d == len(vars_) - 1 and d != par and not split.phased and by_rows is not None and not hoisted:
-                rows_ = by_rows(split.inside, v, lo, hi + 1)
-                if rows_ is not None:
-                    return [rows_]
-            name = em.name(v)
-            return [For(name, lo, hi + 1, _kind(d == par), block(*box_loops(d + 1, combo, at)))]
-        k = phased[d]
-        stride, q = split.strides[k], split.phase_vars[k]
-        lo, hi = box[v]
-        name, out = em.name(q), []
-        if k == len(split.phased) - 1 and not config.skipped("hoist_loads"):  # the phases share their loads
-            lets, env = hoist(*loads_to_hoist([g for p in range(stride) for g in split.phases[combo + (p,)]],
-                                              box_ranges(vars_, shape, split), em.shapes, written))
-            out += lets
-            hoisted.clear()
-            hoisted.update(env)
-        for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
-            out.append(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"))
-            out += box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
-                                                               Const(p, INDEX_DTYPE))})
-        return [For(name, lo // stride, (hi + 1) // stride, _kind(d == par), block(*out))]
+        if point.region:
+            region = dict(point.region)
+            ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
+            s = schedule.run(hoist_loads, body(gs), gs, ranges, em.shapes, written)
+        else:
+            s = body(gs, dict(point.at) or None, terms=list(point.terms), terms_dtype=point.terms_dtype)
+        return reading(s, dict(point.reads))
 
     def box_loop(d: int) -> tuple:
         """The loop over the box's extent in dimension d, its variable named now."""
         lo, hi = box.get(vars_[d], (0, shape[d] - 1))
         return em.name(vars_[d]), lo, hi + 1, _kind(d == par)
 
-    def the_box() -> list[Stmt]:
-        if two_passes:  # (serial loops over i and j: separable_window's condition)
-            window = [(vars_[d], *box_loop(d)[1:3], Kind.SERIAL) for d in (i, i + 1)]
-            box_ = nest([box_loop(d) for d in range(first, i)] + window, Point(tuple(split.inside)))
-            out = [expand_points(schedule.run(separable, box_, split.separable, em.temp("window")), build)]
-        else:
-            out = box_loops(first, (), {})
-        hoisted.clear()
-        return out
+    def plain_box() -> Stmt:
+        """The box's loops around a Point of its gathers; its last dimension's loop a row at a
+        time (`tap_rows`) where that runs."""
+        n = len(vars_) - 1
+        if n != par and not split.phased and by_rows is not None:
+            lo, hi = box.get(vars_[n], (0, shape[n] - 1))
+            rows_ = by_rows(split.inside, vars_[n], lo, hi + 1)
+            if rows_ is not None:
+                return nest([box_loop(d) for d in range(first, n)], rows_)
+        loops_ = []
+        for d in range(first, n + 1):
+            loops_.append(box_loop(d))
+            if vars_[d] in split.phased:
+                em.name(split.phase_vars[split.phased.index(vars_[d])])
+        return nest(loops_, Point(tuple(split.inside)))
 
-    out = the_box() if two_passes else []
-    # the points outside the box, but for the columns; lone points (a plane's corners) whose
-    # gathers are constant taps share one loop over tables of their taps
-    around = Block(tuple(regions([r for r in split.outside if not is_column(r[0])], False)))
+    if two_passes:  # (serial loops over i and j: separable_window's condition)
+        # the box runs before the regions around it, which then find the rows it read in cache: a
+        # bilinear gradient's edges ran 2.5 ms faster after its interior than before it (other
+        # boxes ran as fast or slightly faster after)
+        window = [(vars_[d], *box_loop(d)[1:3], Kind.SERIAL) for d in (i, i + 1)]
+        box_ = nest([box_loop(d) for d in range(first, i)] + window, Point(tuple(split.inside)))
+        out = [expand_points(schedule.run(separable, box_, split.separable, em.temp("window")), build)]
+        around = Block(tuple(regions(split.outside)))
+    else:
+        # the regions beside the box in its last dimension only (a plane's edge columns) run
+        # inside the box's loop over the dimension before it, while that row is in cache
+        around, box_ = schedule.run(edge_columns, Block((Block(tuple(regions(split.outside))), plain_box())),
+                                    tuple((vars_[d], box[vars_[d]]) for d in dims), last - first).body
+        out = []
+    # lone points (a plane's corners) whose gathers are constant taps share one loop over tables
+    # of their taps
     out += expand_points(schedule.run(tabled_points, around, vars_[first:], staged), build).body
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box
@@ -190,7 +152,13 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
         out.append(schedule.run(outside_box, plain, em.name(vars_[last]), box[vars_[last]], inside))
     if not two_passes:
-        out += the_box()
+        if split.phased:
+            names = tuple((em.name(j), em.name(q)) for j, q in zip(split.phased, split.phase_vars, strict=True))
+            box_ = schedule.run(phases, box_, split, names, box_ranges(vars_, shape, split), em.shapes, written)
+            for s in walk(box_):  # (a phased row's aliases, named before the columns' loops print)
+                if isinstance(s, Let) and type(s.var) is Var:
+                    em.name(s.var)
+        out.append(expand_points(box_, build))
     return nest(outer, block(*out))
 
 

@@ -282,13 +282,18 @@ class Point:
     solver's Gathers) and of `terms` ((expression, weight) pairs of `terms_dtype`), stored at the
     enclosing loops' point. `region`: the region around the box (a Split.outside box, as pairs)
     that the point runs in, its gathers specialized to it, where its loads may be read once at the
-    top of an iteration (`hoist_loads`). The schedule passes that rewrite a gather loop nest move
-    and rewrite Points (schedule/separable.py, schedule/corners.py); `gathers.expand_points` then
-    builds each one's statements."""
+    top of an iteration (`hoist_loads`). `at`: the point's index where a phase does not assign it
+    (j = stride*q + p, schedule/strided.py), as (variable, value) pairs; `reads`: what its
+    statements read instead of each expression (the locals of the loads its phases share, a
+    phased row's alias), as pairs. The schedule passes that rewrite a gather loop nest move and
+    rewrite Points (schedule/separable.py, corners.py, columns.py, strided.py);
+    `gathers.expand_points` then builds each one's statements."""
     gathers: tuple = ()
     terms: tuple[tuple[Expr, float], ...] = ()
     terms_dtype: str | None = None
     region: tuple[tuple[Var, tuple[int, int]], ...] = ()
+    at: tuple[tuple[Var, Expr], ...] = ()
+    reads: tuple[tuple[Expr, Expr], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,9 +407,11 @@ def _show(s: Stmt, depth: int) -> list[str]:
             return lines + ([f"{pad}else:"] + _show(otherwise, depth + 1) if otherwise else [])
         case Comment(text):
             return [f"{pad}# {text}"]
-        case Point(gathers, terms, _, region):
+        case Point(gathers, terms, _, region, at, reads):
             sums = "".join(f" + {_expr(e)} * {weight}" for e, weight in terms)
             where = "".join(f", {_expr(v)} in [{lo}, {hi}]" for v, (lo, hi) in region)
+            where += "".join(f", {_expr(v)} = {_expr(e)}" for v, e in at)
+            where += "".join(f", {_expr(e)} read as {_expr(local)}" for e, local in reads)
             return [f"{pad}point({len(gathers)} gather(s){sums}{where})"]
         case Source(text, body):
             return [pad + text] + _show(body, depth + 1)

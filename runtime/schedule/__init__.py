@@ -11,6 +11,10 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   axis as LANES partial results (also for the gathers' pieces).
 * `fuse_rows.py`, `fuse_rows`: then, over the kernel's nests, consecutive nests that share buffers
   only at their outer loop's row as one loop over the rows.
+* `columns.py`, `edge_columns`: a gather loop nest's regions beside its box in the last
+  dimension only (a plane's edge columns) run inside the box's loop over the dimension before it.
+* `strided.py`, `phases`: the box's strided dimensions in phases j = stride*q + p, each phase's
+  `loops.Point` stored at its j and reading the loads its phases share, once per q.
 * `separable.py`, `separable`: a gather loop nest's box whose window is separable
   (`separable_window`): its last two loops as two passes over a ring of rows, each point a
   `loops.Point` of the ring's rows (`gathers.expand_points` builds the points' statements).
@@ -19,7 +23,7 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   other regions.
 * `hoist.py`, `hoist_loads`: then, as each region's Point is built (`gathers.expand_points`),
   its iteration reads the loads it can once, at its top (the phases of a box's iteration share
-  theirs: HALIDE_AD_SKIP=hoist_loads leaves those out too).
+  theirs, `phases`: HALIDE_AD_SKIP=hoist_loads leaves those out too).
 * `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the general
   nest runs only at the points outside the box (`loops.Spans`), before the box's own nest.
 * `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's
