@@ -2,22 +2,21 @@
 decisions of runtime/schedule/ say (runtime/kernels.py drives); runtime/emit.py prints them.
 
 A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
-pass picks. One with a Split (schedule/boundary.py) is built as plain nests around `loops.Point`s
-of gathers not yet built: the interior box's loops around a Point of its specialized gathers and
-each region's around a Point of its own. Passes then rewrite them: the edge columns run inside
-the box's row loop (`edge_columns`, schedule/columns.py), a strided dimension in phases
-(`phases`, schedule/strided.py), a separable window as two passes over a ring of rows
-(`separable`, schedule/separable.py), the corners whose gathers are constant taps as one loop
-over tables (`tabled_points`, schedule/corners.py); `expand_points` then builds each Point's
-statements. Loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading`
-rewrite the iteration's statements); an adjoint whose windows walk memory along its last
-dimension runs a row at a time, in column blocks when it is 1-D (schedule/rows.py,
-`row_gathers`); a box's
-windows that read along its last dimension run a row at a time, each tap added to the whole row
-(`tap_rows`). A point's guarded pieces follow its sums, the reductions inside them computed
-before (`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`).
-A box without regions runs the general gathers' plain nest only outside it (the `outside_box`
-pass, schedule/spans.py).
+pass picks. One with a Split (schedule/boundary.py) is built as a plain nest around a
+`loops.Point` of its gathers (not yet built) that passes rewrite: the interior box's loops and
+each region's, each around a Point of its own specialized gathers (`split_box`,
+schedule/regions.py), the edge columns inside the box's row loop (`edge_columns`,
+schedule/columns.py), a strided dimension in phases (`phases`, schedule/strided.py), a separable
+window as two passes over a ring of rows (`separable`, schedule/separable.py), the corners whose
+gathers are constant taps as one loop over tables (`tabled_points`, schedule/corners.py);
+`expand_points` then builds each Point's statements. Loads read once per iteration are hoisted
+(schedule/hoist.py: `hoist` and `reading` rewrite the iteration's statements); an adjoint whose
+windows walk memory along its last dimension runs a row at a time, in column blocks when it is
+1-D (schedule/rows.py, `row_gathers`); a box's windows that read along its last dimension run a
+row at a time, each tap added to the whole row (`tap_rows`). A point's guarded pieces follow its
+sums, the reductions inside them computed before (`lift_reductions`); the weighted sums are flat
+`Chain` expressions (`(h1 + h2) * f32_2`). A box without regions runs the general gathers' plain
+nest only outside it (the `outside_box` pass, schedule/spans.py).
 """
 from __future__ import annotations
 
@@ -41,7 +40,8 @@ from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
 from halide_ad.runtime.schedule.columns import edge_columns
 from halide_ad.runtime.schedule.hoist import hoist_loads, reading
-from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
+from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim
+from halide_ad.runtime.schedule.regions import split_box
 from halide_ad.runtime.schedule.separable import separable, separable_window
 from halide_ad.runtime.schedule.spans import outside_box
 from halide_ad.runtime.schedule.strided import phases
@@ -55,16 +55,16 @@ def _kind(parallel: bool) -> Kind:
 def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: str, opened: int = 0,
                     terms: float = 1, by_rows=None, staged: frozenset[str] = frozenset()) -> Stmt:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
-    around the box running that region's specialized gathers (or, without regions, one over all
-    the points outside the box running the general gathers), then one over the box running
-    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p
-    (`phases`). The regions beside the box in its last dimension only run inside the box's loop,
-    next to each row's interior (`edge_columns`). `body` builds a point's statements, once per
-    region and once per phase (`expand_points`). The
-    loops over the first `opened` dimensions are open already (outside the nest returned);
-    `terms` is the gathers' terms per point. `by_rows(gathers, var, lo, hi)` is the box's
-    gathers over a row of the last dimension, columns lo..hi-1, a row at a time (`tap_rows`),
-    or None. `staged`: the buffers a pass reads a plane at a time (`stage_plane`)."""
+    around the box running that region's specialized gathers (`split_box`; or, without regions,
+    one over all the points outside the box running the general gathers), then one over the box
+    running `split.inside`, or each phase's gathers with the phased dimensions as
+    j = stride*q + p (`phases`). The regions beside the box in its last dimension only run inside
+    the box's loop, next to each row's interior (`edge_columns`). `body` builds a point's
+    statements, once per region and once per phase (`expand_points`). The loops over the first
+    `opened` dimensions are open already (outside the nest returned); `terms` is the gathers'
+    terms per point. `by_rows(gathers, var, lo, hi)` is the box's gathers over a row of the last
+    dimension, columns lo..hi-1, a row at a time (`tap_rows`), or None. `staged`: the buffers a
+    pass reads a plane at a time (`stage_plane`)."""
     par = parallel_dim(shape, terms)
     dims = cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
@@ -76,25 +76,6 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     outer = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(opened, first)]
     i = len(vars_) - 2  # a separable window runs the last two dimensions
     two_passes = separable_window(split, shape, first, par)
-
-    def regions(chosen) -> list[Stmt]:
-        """Each region's loop nest, from the first box dimension in, around a Point of its own
-        specialized gathers (`build` reads each load once); a thin one (a row of one image) runs
-        serially."""
-        out = []
-        for region, gs in chosen:
-            ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-            parallel = region_parallel(ranges)
-            steps = [(d, *ranges[vars_[d]]) for d in range(first, len(vars_))]
-            names = {d: em.name(vars_[d]) for d, lo, hi in steps if lo != hi}
-            s: Stmt = Point(tuple(gs), region=tuple(region.items()))
-            for d, lo, hi in reversed(steps):
-                if lo == hi:  # a loop of one point costs numba more to compile than the body
-                    s = block(Let(vars_[d], Const(lo, INDEX_DTYPE)), s)
-                else:
-                    s = For(names[d], lo, hi + 1, _kind(d == par and parallel), block(s))
-            out.append(s)
-        return out
 
     def build(point: Point) -> Stmt:
         """A point's statements: a region's with its loads read once at the top of its iteration;
@@ -108,39 +89,29 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
             s = body(gs, dict(point.at) or None, terms=list(point.terms), terms_dtype=point.terms_dtype)
         return reading(s, dict(point.reads))
 
-    def box_loop(d: int) -> tuple:
-        """The loop over the box's extent in dimension d, its variable named now."""
-        lo, hi = box.get(vars_[d], (0, shape[d] - 1))
-        return em.name(vars_[d]), lo, hi + 1, _kind(d == par)
-
-    def plain_box() -> Stmt:
-        """The box's loops around a Point of its gathers; its last dimension's loop a row at a
-        time (`tap_rows`) where that runs."""
-        n = len(vars_) - 1
-        if n != par and not split.phased and by_rows is not None:
-            lo, hi = box.get(vars_[n], (0, shape[n] - 1))
-            rows_ = by_rows(split.inside, vars_[n], lo, hi + 1)
-            if rows_ is not None:
-                return nest([box_loop(d) for d in range(first, n)], rows_)
-        loops_ = []
-        for d in range(first, n + 1):
-            loops_.append(box_loop(d))
-            if vars_[d] in split.phased:
-                em.name(split.phase_vars[split.phased.index(vars_[d])])
-        return nest(loops_, Point(tuple(split.inside)))
-
+    # the plain nest over the box's dimensions, split into its regions' nests and the box's
+    general = _full_loops(em, vars_, shape, range(first, len(vars_)), par, Point(tuple(gathers)))
+    split_ = schedule.run(split_box, general, split, vars_[first:], shape[first:])
+    if not isinstance(split_, Block):  # (skipped: the general gathers run at every point)
+        return nest(outer, expand_points(split_, build))
+    regions, box_ = split_.body
+    for q in split.phase_vars:
+        em.name(q)
     if two_passes:  # (serial loops over i and j: separable_window's condition)
         # the box runs before the regions around it, which then find the rows it read in cache: a
         # bilinear gradient's edges ran 2.5 ms faster after its interior than before it (other
         # boxes ran as fast or slightly faster after)
-        window = [(vars_[d], *box_loop(d)[1:3], Kind.SERIAL) for d in (i, i + 1)]
-        box_ = nest([box_loop(d) for d in range(first, i)] + window, Point(tuple(split.inside)))
+        box_ = _window_loops(box_, vars_[i:])
         out = [expand_points(schedule.run(separable, box_, split.separable, em.temp("window")), build)]
-        around = Block(tuple(regions(split.outside)))
+        around = regions
     else:
+        n = len(vars_) - 1
+        if n != par and not split.phased and by_rows is not None:  # the box's rows a row at a time
+            lo, hi = box.get(vars_[n], (0, shape[n] - 1))
+            box_ = _last_loop(box_, by_rows(split.inside, vars_[n], lo, hi + 1))
         # the regions beside the box in its last dimension only (a plane's edge columns) run
         # inside the box's loop over the dimension before it, while that row is in cache
-        around, box_ = schedule.run(edge_columns, Block((Block(tuple(regions(split.outside))), plain_box())),
+        around, box_ = schedule.run(edge_columns, Block((regions, box_)),
                                     tuple((vars_[d], box[vars_[d]]) for d in dims), last - first).body
         out = []
     # lone points (a plane's corners) whose gathers are constant taps share one loop over tables
@@ -160,6 +131,29 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
                     em.name(s.var)
         out.append(expand_points(box_, build))
     return nest(outer, block(*out))
+
+
+def _window_loops(s: Stmt, window: tuple[Var, Var]) -> Stmt:
+    """The box's nest `s` with its last two loops over the `window`'s variables (the separable
+    pass reads them as expressions)."""
+    match s:
+        case For(body=Block((For(body=Block((Point(),))) as inner,))):
+            return replace(s, var=window[0], body=Block((replace(inner, var=window[1]),)))
+        case For(body=Block((inner,))):
+            return replace(s, body=Block((_window_loops(inner, window),)))
+    return s
+
+
+def _last_loop(s: Stmt, row: Stmt | None) -> Stmt:
+    """The box's nest `s` with its last loop (around its Point) replaced by `row`, where given."""
+    if row is None:
+        return s
+    match s:
+        case For(body=Block((Point(),))):
+            return row
+        case For(body=Block((inner,))):
+            return replace(s, body=block(_last_loop(inner, row)))
+    return s
 
 
 def expand_points(s: Stmt, build: Callable[[Point], Stmt]) -> Stmt:

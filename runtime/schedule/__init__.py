@@ -11,6 +11,8 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   axis as LANES partial results (also for the gathers' pieces).
 * `fuse_rows.py`, `fuse_rows`: then, over the kernel's nests, consecutive nests that share buffers
   only at their outer loop's row as one loop over the rows.
+* `regions.py`, `split_box`: a gather loop nest's plain nest (around a `loops.Point` of its
+  general gathers) as its box's and its regions' nests, each around a Point of its own gathers.
 * `columns.py`, `edge_columns`: a gather loop nest's regions beside its box in the last
   dimension only (a plane's edge columns) run inside the box's loop over the dimension before it.
 * `strided.py`, `phases`: the box's strided dimensions in phases j = stride*q + p, each phase's

@@ -1,7 +1,7 @@
 """A gather loop nest built whole as loop-nest data (runtime/gathers.py `split_loop_nest`), the
 hoisting pass over an iteration's statements (runtime/schedule/hoist.py), the separable window's
-pass (runtime/schedule/separable.py), the edge columns' (schedule/columns.py) and the phases'
-(schedule/strided.py), tested on the nodes."""
+pass (runtime/schedule/separable.py), the box and its regions' (schedule/regions.py), the edge
+columns' (schedule/columns.py) and the phases' (schedule/strided.py), tested on the nodes."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +17,7 @@ from halide_ad.runtime.loops import (Allocate, Block, Chain, Comment, Element, F
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.boundary import box_ranges
 from halide_ad.runtime.schedule.columns import edge_columns
+from halide_ad.runtime.schedule.regions import split_box
 from halide_ad.runtime.schedule.hoist import hoist, reading, substituted
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
 from halide_ad.runtime.schedule.separable import separable
@@ -155,6 +156,7 @@ def _blur5(img):
 
 @pytest.mark.parametrize("skip, gone, fn", [("tabled_points", "for point in range", _blur),
                                              ("interior,hoist_loads", "h0 = ", _blur),
+                                             ("split_box", "h0 = ", _blur),
                                              ("separable", "# separable window", _blur5)])
 def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(monkeypatch, skip, gone, fn):
     img = np.arange(6 * 7, dtype=np.float64).reshape(6, 7) % 5
@@ -336,3 +338,18 @@ def test_a_skipped_phases_pass_runs_the_box_at_every_index_and_the_gradient_the_
     monkeypatch.setenv("HALIDE_AD_SKIP", "phases")
     assert "# phase" not in hd.explain(hd.func(_avgpool3s2), img).backward_source
     np.testing.assert_allclose(hd.vjp(hd.func(_avgpool3s2), img)[1](ct), expected, rtol=1e-12)
+
+
+def test_split_box_splits_the_plain_nest_into_its_regions_and_its_box(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "8")
+    plain = For("i", 0, 5, Kind.PARALLEL, block(For("j", 0, 10, Kind.SERIAL, block(Point(("general",))))))
+    split = Split(box={i: (1, 3), j: (2, 7)}, inside=["inside"], outside=(
+        ({i: (0, 0), j: (0, 9)}, ["row"]), ({i: (1, 3), j: (0, 1)}, ["low"]), ({i: (1, 4), j: (8, 9)}, ["high"])))
+    regions, box = split_box(plain, split, (i, j), (5, 10)).body
+    assert box == For("i", 1, 4, Kind.PARALLEL, block(For("j", 2, 8, Kind.SERIAL, block(Point(("inside",))))))
+    row, low, high = regions.body
+    assert row == block(Let(i, Const(0, INDEX_DTYPE)), For("j", 0, 10, Kind.SERIAL, block(Point(
+        ("row",), region=((i, (0, 0)), (j, (0, 9)))))))
+    assert low.kind is Kind.SERIAL and high.kind is Kind.PARALLEL  # 6 points, thin; 8 run in parallel
+    assert (high.lo, high.hi, high.body.body[0].lo, high.body.body[0].hi) == (1, 5, 8, 10)
+    assert high.body.body[0].body.body[0].gathers == ("high",)
