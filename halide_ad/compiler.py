@@ -10,7 +10,8 @@
 A forward program: inline_stages (runtime/inline.py), split_reduction, emit_forward, compile_kernel.
 emit_forward and emit_backward lower to loop nests and run the schedule passes of
 runtime/schedule/ over them: choose_parallel, interchange_rows, split_accumulators, fuse_rows
-(the forward's nests); hoist_loads, tabled_points, outside_box, stage_plane (the gather nests).
+(the forward's nests); split_box, edge_columns, phases, separable, tabled_points, hoist_loads,
+outside_box, stage_plane (the gather nests).
 `HALIDE_AD_DUMP=ad,invert,route,inline,source` (or a schedule pass's name) prints those stages as
 they are made, and `HALIDE_AD_SKIP=route,inline,fuse` (or a schedule pass's name) turns the
 optional passes off (to bisect a miscompile, or to measure a pass). Running the kernels is

@@ -16,7 +16,7 @@ running process (the compiled kernels key on the settings that shape them).
 | HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, any schedule pass (`choose_parallel`, ...), `updates` (each update's loop nest), `source` |
 | HALIDE_AD_KERNEL_SNAPSHOT | (none) | a folder that keeps every generated kernel's source (tools/kernel_snapshot.py) |
 | HALIDE_AD_SNAPSHOT_CONTEXT | (the running test) | what the snapshot's index says generated each kernel |
-| HALIDE_AD_SKIP | (none) | optional passes to leave out, comma-separated: `route` (engines), `inline` (adjoints), `fuse` (forward), any schedule pass, `interior` (no box, regions or phases around gather nests), `separable_window`, `tabled_points` (corners from tables), `taps_by_rows` (a box's windows a row at a time), `read_box` (a staged plane computed only where read), `rows_at_once` (a folded sum over the rows added a row at a time) |
+| HALIDE_AD_SKIP | (none) | optional passes to leave out, comma-separated: `route` (engines), `inline` (adjoints), `fuse` (forward), any schedule pass, `interior` (no box, regions or phases around gather nests), `separable_window` (and the pass `separable`), `tabled_points` (corners from tables), `taps_by_rows` (a box's windows a row at a time), `read_box` (a staged plane computed only where read), `rows_at_once` (a folded sum over the rows added a row at a time) |
 """
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import children as expr_children
 from halide_ad.runtime.lanes import FOLD
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Combine, Comment, Element, Fail,
-                                     Fold, For, Hoisted, If, Improves, Kind, Lanes, Let, Local, Row, Source, Spans, Stmt, Store,
-                                     Table, block, walk)
+                                     Fold, For, Hoisted, If, IfElse, Improves, Kind, Lanes, Let, Local, Row, Source, Spans, Stmt,
+                                     Store, Table, Text, block, walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -123,7 +123,7 @@ def _cut(stmts: tuple[Stmt, ...], em) -> list:
         assert isinstance(s, For), f"a parallel loop inside a statement that is not a loop: {s!r}"
         s = resolve(s, em)
         if s.kind is Kind.PARALLEL:
-            out.append(_Parallel(s.var, f"{s.lo}, {s.hi}", render(s.body, em)))
+            out.append(_Parallel(s.var, f"{s.lo.text}, {s.hi.text}", render(s.body, em)))
         else:
             out.append(_Around(_header(s), s.var, _cut(s.body.body, em)))
     return out
@@ -131,7 +131,7 @@ def _cut(stmts: tuple[Stmt, ...], em) -> list:
 
 def resolve(s: Stmt, em) -> Stmt:
     """`s` with every expression printed, in order: For nodes with named variables and bounds as
-    text, the other statements as Source lines. Printing names variables and buffers, numbers
+    `Text`, the other statements as Source lines. Printing names variables and buffers, numbers
     run-time checks and lists the buffers used, in the order the nests are resolved (literals
     are renumbered in print order by `function`). Resolving a resolved nest returns it. The
     loops of a reduction inside an expression go before the line that reads it."""
@@ -148,7 +148,7 @@ def resolve(s: Stmt, em) -> Stmt:
             spans = f"((0, {lo}), ({hi}, {n}))"
             tests = " and ".join(f"{a} <= {v if isinstance(v, str) else em.name(v)} <= {b}" for v, a, b in inside)
             return block(Source(f"spans = {spans} if {tests} else ((0, {n}), ({n}, {n}))" if inside else f"spans = {spans}"),
-                         Source("for span in spans:", block(For(name, "span[0]", "span[1]", Kind.SERIAL,
+                         Source("for span in spans:", block(For(name, Text("span[0]"), Text("span[1]"), Kind.SERIAL,
                                                                 resolve(body, em)))))
         case Store(buffer, index, value):
             return _with_inline(em, lambda: f"{em.index(buffer, index, buffer)} = {em.expr(value)}")
@@ -202,9 +202,9 @@ def _lines(s: Stmt, indent: int) -> list[str]:
         case Source(text, body):
             return [pad + text if text else ""] + _lines(body, indent + 1)
         case For(var, lo, hi, Kind.UNROLLED, body):
-            return [line for k in range(int(lo), int(hi)) for line in [f"{pad}{var} = {k}", *_lines(body, indent)]]
+            return [line for k in range(int(lo.text), int(hi.text)) for line in [f"{pad}{var} = {k}", *_lines(body, indent)]]
         case For(var, lo, hi, Kind.AT_MOST_ONCE, body):
-            return [f"{pad}{var} = {lo}", f"{pad}if {var} < {hi}:"] + _lines(body, indent + 1)
+            return [f"{pad}{var} = {lo.text}", f"{pad}if {var} < {hi.text}:"] + _lines(body, indent + 1)
         case For(body=body):
             return [pad + _header(s)] + _lines(body, indent + 1)
     raise TypeError(f"not resolved: {s!r}")
@@ -214,8 +214,8 @@ def _header(s: For) -> str:
     """The header of a resolved loop."""
     assert s.step == 1 or s.kind is Kind.SERIAL, f"a {s.kind.value} loop with a step: {s!r}"
     if s.kind is Kind.REVERSED:
-        return f"for {s.var} in range({_shift(s.hi)}, {_shift(s.lo)}, -1):"
-    return f"for {s.var} in range({s.lo}, {s.hi}{'' if s.step == 1 else f', {s.step}'}):"
+        return f"for {s.var} in range({_shift(s.hi.text)}, {_shift(s.lo.text)}, -1):"
+    return f"for {s.var} in range({s.lo.text}, {s.hi.text}{'' if s.step == 1 else f', {s.step}'}):"
 
 
 def _shift(text: str) -> str:
@@ -223,8 +223,8 @@ def _shift(text: str) -> str:
     return str(int(text) - 1) if text.lstrip("-").isdigit() else f"{text} - 1"
 
 
-def _bound(b: Bound, em) -> str:
-    return b if isinstance(b, str) else str(b) if isinstance(b, int) else em.expr(b)
+def _bound(b: Bound, em) -> Text:
+    return b if isinstance(b, Text) else Text(str(b) if isinstance(b, int) else em.expr(b))
 
 
 def _with_inline(em, line) -> Block:
@@ -389,8 +389,10 @@ class Emitter:
                 return f"({self.expr(t)} if {self.expr(c)} else {self.expr(f)})"
             case Cast(dtype, v):
                 return self.cast(self.expr(v), dtype)
-            case Local(name):
+            case Local(name) | Text(name):
                 return name
+            case IfElse(cond, then, otherwise):
+                return f"{self.expr(then)} if {self.expr(cond)} else {self.expr(otherwise)}"
             case Element(array, index, _, buffer, _):
                 if buffer:
                     self.used.setdefault(array, None)

@@ -2,19 +2,21 @@
 decisions of runtime/schedule/ say (runtime/kernels.py drives); runtime/emit.py prints them.
 
 A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
-pass picks. One with a Split (schedule/boundary.py) runs the interior box with its specialized
-gathers, the regions around it, the edge columns inside the box's row loop, the phases of a
-strided dimension, a separable window's two passes over a ring of rows (schedule/separable.py),
-the corners whose gathers are constant taps as one loop over tables (the `tabled_points` pass
-over the regions' nests, schedule/corners.py);
-loads read once per iteration are hoisted (schedule/hoist.py: `hoist` and `reading` rewrite the
-iteration's statements); an adjoint whose windows walk memory along its last dimension runs a
-row at a time, in column blocks when it is 1-D (schedule/rows.py, `row_gathers`); a box's
-windows that read along its last dimension run a row at a time, each tap added to the whole row
-(`tap_rows`). A point's guarded pieces follow its sums, the reductions inside them computed
-before (`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`).
-A box without regions runs the general gathers' plain nest only outside it (the `outside_box`
-pass, schedule/spans.py).
+pass picks. One with a Split (schedule/boundary.py) is built as a plain nest around a
+`loops.Point` of its gathers (not yet built) that passes rewrite: the interior box's loops and
+each region's, each around a Point of its own specialized gathers (`split_box`,
+schedule/regions.py), the edge columns inside the box's row loop (`edge_columns`,
+schedule/columns.py), a strided dimension in phases (`phases`, schedule/strided.py), a separable
+window as two passes over a ring of rows (`separable`, schedule/separable.py), the corners whose
+gathers are constant taps as one loop over tables (`tabled_points`, schedule/corners.py);
+`expand_points` then builds each Point's statements. Loads read once per iteration are hoisted
+(schedule/hoist.py: `hoist` and `reading` rewrite the iteration's statements); an adjoint whose
+windows walk memory along its last dimension runs a row at a time, in column blocks when it is
+1-D (schedule/rows.py, `row_gathers`); a box's windows that read along its last dimension run a
+row at a time, each tap added to the whole row (`tap_rows`). A point's guarded pieces follow its
+sums, the reductions inside them computed before (`lift_reductions`); the weighted sums are flat
+`Chain` expressions (`(h1 + h2) * f32_2`). A box without regions runs the general gathers' plain
+nest only outside it (the `outside_box` pass, schedule/spans.py).
 """
 from __future__ import annotations
 
@@ -25,22 +27,24 @@ from dataclasses import replace
 from halide_ad import config
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Reduce, Var
 from halide_ad.ir import show
-from halide_ad.affine import Affine
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Stmt,
-                                     Store, block, map_exprs, nest)
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Point,
+                                     Stmt, Store, block, map_exprs, nest, walk, weighted_sums)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
-from halide_ad.runtime.schedule.corners import points_to_table, tabled_points
-from halide_ad.runtime.schedule.hoist import hoist, hoist_loads, loads_to_hoist, reading
-from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, region_parallel
-from halide_ad.runtime.schedule.separable import ring_rows, separable_window
+from halide_ad.runtime.schedule.corners import tabled_points
+from halide_ad.runtime.schedule.columns import edge_columns
+from halide_ad.runtime.schedule.hoist import hoist_loads, reading
+from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim
+from halide_ad.runtime.schedule.regions import split_box
+from halide_ad.runtime.schedule.separable import separable, separable_window
 from halide_ad.runtime.schedule.spans import outside_box
+from halide_ad.runtime.schedule.strided import phases
 from halide_ad.traverse import map_children
 
 
@@ -51,15 +55,16 @@ def _kind(parallel: bool) -> Kind:
 def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: str, opened: int = 0,
                     terms: float = 1, by_rows=None, staged: frozenset[str] = frozenset()) -> Stmt:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
-    around the box running that region's specialized gathers (or, without regions, one over all
-    the points outside the box running the general gathers), then one over the box running
-    `split.inside`, or each phase's gathers with the phased dimensions as j = stride*q + p. The
-    regions beside the box in its last dimension only run inside the box's loop, next to each
-    row's interior. `body` builds a point's statements, once per region and once per phase. The
-    loops over the first `opened` dimensions are open already (outside the nest returned);
-    `terms` is the gathers' terms per point. `by_rows(gathers, var, lo, hi)` is the box's
-    gathers over a row of the last dimension, columns lo..hi-1, a row at a time (`tap_rows`),
-    or None. `staged`: the buffers a pass reads a plane at a time (`stage_plane`)."""
+    around the box running that region's specialized gathers (`split_box`; or, without regions,
+    one over all the points outside the box running the general gathers), then one over the box
+    running `split.inside`, or each phase's gathers with the phased dimensions as
+    j = stride*q + p (`phases`). The regions beside the box in its last dimension only run inside
+    the box's loop, next to each row's interior (`edge_columns`). `body` builds a point's
+    statements, once per region and once per phase (`expand_points`). The loops over the first
+    `opened` dimensions are open already (outside the nest returned); `terms` is the gathers'
+    terms per point. `by_rows(gathers, var, lo, hi)` is the box's gathers over a row of the last
+    dimension, columns lo..hi-1, a row at a time (`tap_rows`), or None. `staged`: the buffers a
+    pass reads a plane at a time (`stage_plane`)."""
     par = parallel_dim(shape, terms)
     dims = cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
@@ -70,184 +75,102 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     first, last = (dims[0], dims[-1]) if dims else (len(vars_) - 2, len(vars_) - 2)  # else a whole separable window
     outer = [(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in range(opened, first)]
     i = len(vars_) - 2  # a separable window runs the last two dimensions
-    separable = separable_window(split, shape, first, par)
-    # the loads hoisted for the phases of the box's current iteration (`hoist`); a region's own
-    # hoisting ends it, as does the box's end
-    hoisted: dict[Expr, Expr] = {}
+    two_passes = separable_window(split, shape, first, par)
 
-    # regions beside the box in its last dimension only (a plane's edge columns) run inside the
-    # box's loop over the dimension before it, while that row is in cache
-    def is_column(region) -> bool:
-        return not separable and region[vars_[last]] != box[vars_[last]] and all(
-            region[vars_[d]] == box[vars_[d]] for d in dims[:-1])
-
-    columns = [c for c in split.outside if is_column(c[0])]
-
-    def regions(chosen, in_box_loop: bool, aliases=None) -> list[Stmt]:
-        """Each region's loop nest, from the first box dimension in (from the last, inside the box's
-        loop over the one before it), running its own specialized gathers with each point read
-        once; a thin one (a row of one image), or one inside the box's loop, runs serially. The
-        variables of `aliases` read as their aliases."""
-        start, out = (last if in_box_loop else first), []
-        for region, gs in chosen:
+    def build(point: Point) -> Stmt:
+        """A point's statements: a region's with its loads read once at the top of its iteration;
+        each read as the Point's `reads` says."""
+        gs = list(point.gathers)
+        if point.region:
+            region = dict(point.region)
             ranges = {v: region.get(v, (0, n - 1)) for v, n in zip(vars_, shape, strict=True)}
-            parallel = not in_box_loop and region_parallel(ranges)
-            steps = [(d, *ranges[vars_[d]]) for d in range(start, len(vars_))]
-            names = {d: em.name(vars_[d]) for d, lo, hi in steps if lo != hi}
-            hoisted.clear()
             s = schedule.run(hoist_loads, body(gs), gs, ranges, em.shapes, written)
-            for d, lo, hi in reversed(steps):
-                if lo == hi:  # a loop of one point costs numba more to compile than the body
-                    s = block(Let(vars_[d], Const(lo, INDEX_DTYPE)), s)
-                else:
-                    s = For(names[d], lo, hi + 1, _kind(d == par and parallel), block(s))
-            out.append(reading(s, aliases or {}))
-        return out
-
-    # the box; a separable one runs before the regions around it, whose edge columns (not inside
-    # its row loop, which has none) then find the rows it read in cache: a bilinear gradient's
-    # edges ran 2.5 ms faster after its interior than before it (other boxes ran as fast or
-    # slightly faster after)
-    phased = {vars_.index(j): k for k, j in enumerate(split.phased)}
-
-    def box_loops(d: int, combo: tuple[int, ...], at: dict) -> list[Stmt]:
-        if not (d == last and columns):
-            return dim_loop(d, combo, at)
-        # a phased row is j = s*q + p: the columns' gathers read it under a name of its own
-        aliases = {v: Var(f"{v.name}_{e.rhs.value}") for v, e in at.items()}
-        out = [reading(Let(aliases[v], e), hoisted) for v, e in at.items()]
-        for v in aliases.values():
-            em.name(v)
-        out += regions([c for c in columns if c[0][vars_[d]][1] < box[vars_[d]][0]], True, aliases)
-        out += dim_loop(d, combo, at)
-        return out + regions([c for c in columns if c[0][vars_[d]][0] > box[vars_[d]][1]], True, aliases)
-
-    def dim_loop(d: int, combo: tuple[int, ...], at: dict) -> list[Stmt]:
-        if d == len(vars_):
-            return [reading(body(split.phases[combo], at) if split.phased else body(split.inside), hoisted)]
-        v = vars_[d]
-        if d not in phased:
-            lo, hi = box[v] if v in box else (0, shape[d] - 1)
-            if d == len(vars_) - 1 and d != par and not split.phased and by_rows is not None and not hoisted:
-                rows_ = by_rows(split.inside, v, lo, hi + 1)
-                if rows_ is not None:
-                    return [rows_]
-            name = em.name(v)
-            return [For(name, lo, hi + 1, _kind(d == par), block(*box_loops(d + 1, combo, at)))]
-        k = phased[d]
-        stride, q = split.strides[k], split.phase_vars[k]
-        lo, hi = box[v]
-        name, out = em.name(q), []
-        if k == len(split.phased) - 1 and not config.skipped("hoist_loads"):  # the phases share their loads
-            lets, env = hoist(*loads_to_hoist([g for p in range(stride) for g in split.phases[combo + (p,)]],
-                                              box_ranges(vars_, shape, split), em.shapes, written))
-            out += lets
-            hoisted.clear()
-            hoisted.update(env)
-        for p in range(stride):  # j is not assigned: a variable set twice per iteration slows numba
-            out.append(Comment(f"phase {p} of {stride}: {em.name(v)} = {stride} * {em.name(q)} + {p}"))
-            out += box_loops(d + 1, combo + (p,), at | {v: Bin(Op.ADD, Bin(Op.MUL, Const(stride, INDEX_DTYPE), q),
-                                                               Const(p, INDEX_DTYPE))})
-        return [For(name, lo // stride, (hi + 1) // stride, _kind(d == par), block(*out))]
-
-    def box_loop(d: int) -> tuple:
-        """The loop over the box's extent in dimension d, its variable named now."""
-        lo, hi = box.get(vars_[d], (0, shape[d] - 1))
-        return em.name(vars_[d]), lo, hi + 1, _kind(d == par)
-
-    def the_box() -> list[Stmt]:
-        if separable:
-            out = [nest([box_loop(d) for d in range(first, i)], _separable(em, split, vars_, shape, body))]
         else:
-            out = box_loops(first, (), {})
-        hoisted.clear()
-        return out
+            s = body(gs, dict(point.at) or None, terms=list(point.terms), terms_dtype=point.terms_dtype)
+        return reading(s, dict(point.reads))
 
-    out = the_box() if separable else []
-    # the points outside the box, but for the columns; lone points (a plane's corners) whose
-    # gathers are constant taps share one loop over tables of their taps
-    around = [r for r in split.outside if not is_column(r[0])]
-    chosen = points_to_table(around, vars_[first:], staged)
-    if chosen:
-        points = [(k, region, taps) for k, (region, _) in enumerate(around) for r, taps in chosen if r is region]
-        dtype = chosen[0][1][0][0].dtype
-        run = body([], terms=[(Local("taps", dtype), 1.0)], terms_dtype=dtype)
-        out += schedule.run(tabled_points, Block(tuple(regions(around, False))), points, vars_[first:], run).body
+    # the plain nest over the box's dimensions, split into its regions' nests and the box's
+    general = _full_loops(em, vars_, shape, range(first, len(vars_)), par, Point(tuple(gathers)))
+    split_ = schedule.run(split_box, general, split, vars_[first:], shape[first:])
+    if not isinstance(split_, Block):  # (skipped: the general gathers run at every point)
+        return nest(outer, expand_points(split_, build))
+    regions, box_ = split_.body
+    for q in split.phase_vars:
+        em.name(q)
+    if two_passes:  # (serial loops over i and j: separable_window's condition)
+        # the box runs before the regions around it, which then find the rows it read in cache: a
+        # bilinear gradient's edges ran 2.5 ms faster after its interior than before it (other
+        # boxes ran as fast or slightly faster after)
+        box_ = _window_loops(box_, vars_[i:])
+        out = [expand_points(schedule.run(separable, box_, split.separable, em.temp("window")), build)]
+        around = regions
     else:
-        out += regions(around, False)
+        n = len(vars_) - 1
+        if n != par and not split.phased and by_rows is not None:  # the box's rows a row at a time
+            lo, hi = box.get(vars_[n], (0, shape[n] - 1))
+            box_ = _last_loop(box_, by_rows(split.inside, vars_[n], lo, hi + 1))
+        # the regions beside the box in its last dimension only (a plane's edge columns) run
+        # inside the box's loop over the dimension before it, while that row is in cache
+        around, box_ = schedule.run(edge_columns, Block((regions, box_)),
+                                    tuple((vars_[d], box[vars_[d]]) for d in dims), last - first).body
+        out = []
+    # lone points (a plane's corners) whose gathers are constant taps share one loop over tables
+    # of their taps
+    out += expand_points(schedule.run(tabled_points, around, vars_[first:], staged), build).body
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
         # no regions: the general gathers run outside the box
         plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
         inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
         out.append(schedule.run(outside_box, plain, em.name(vars_[last]), box[vars_[last]], inside))
-    if not separable:
-        out += the_box()
+    if not two_passes:
+        if split.phased:
+            names = tuple((em.name(j), em.name(q)) for j, q in zip(split.phased, split.phase_vars, strict=True))
+            box_ = schedule.run(phases, box_, split, names, box_ranges(vars_, shape, split), em.shapes, written)
+            for s in walk(box_):  # (a phased row's aliases, named before the columns' loops print)
+                if isinstance(s, Let) and type(s.var) is Var:
+                    em.name(s.var)
+        out.append(expand_points(box_, build))
     return nest(outer, block(*out))
 
 
-def _separable(em: Emitter, split, vars_, shape, body) -> Stmt:
-    """The box's last two dimensions (i, j) as two passes of the Separable window: each source
-    row it reads, filtered along j into a ring of rows, then, per output row, the ring's rows
-    summed along i. Each output row filters only the source rows the previous one did not read,
-    so the ring stays in L1 and each source row is read from memory once (one temporary for the
-    whole plane, then a second pass over it, ran bilinear's gradient 15% slower)."""
-    sep = split.separable
-    (i, j), dtype = vars_[-2:], sep.src.dtype
-    (lo_i, hi_i), (lo_j, hi_j) = (split.box.get(v, (0, n - 1)) for v, n in zip((i, j), shape[-2:], strict=True))
-    first_row = min(r for r, _ in sep.rows)
-    span = max(r for r, _ in sep.rows) - first_row + 1
-    fresh = min(sep.row_stride, span)  # the rows an output row reads that the one before did not
-    mask = ring_rows(split) - 1
-    tmp, k = em.temp("window"), Var("row")
+def _window_loops(s: Stmt, window: tuple[Var, Var]) -> Stmt:
+    """The box's nest `s` with its last two loops over the `window`'s variables (the separable
+    pass reads them as expressions)."""
+    match s:
+        case For(body=Block((For(body=Block((Point(),))) as inner,))):
+            return replace(s, var=window[0], body=Block((replace(inner, var=window[1]),)))
+        case For(body=Block((inner,))):
+            return replace(s, body=Block((_window_loops(inner, window),)))
+    return s
 
-    def affine(coeffs: dict[Var, int], c: int = 0) -> Expr:
-        return Affine.of(coeffs, c).to_expr()
 
-    def ring(row: Expr) -> Element:
-        """The ring's slot for source row `row` (of the ring's numbering), at column j."""
-        return Element(tmp, (Chain(Op.AND, (row, Const(mask, INDEX_DTYPE))), affine({j: 1}, -lo_j)), dtype)
+def _last_loop(s: Stmt, row: Stmt | None) -> Stmt:
+    """The box's nest `s` with its last loop (around its Point) replaced by `row`, where given."""
+    if row is None:
+        return s
+    match s:
+        case For(body=Block((Point(),))):
+            return row
+        case For(body=Block((inner,))):
+            return replace(s, body=block(_last_loop(inner, row)))
+    return s
 
-    lead = sep.src.index[:-2]
-    source_row = affine({k: 1}, sep.row_stride * lo_i + first_row)  # row k of the ring's numbering
-    taps = [(replace(sep.src, index=lead + (source_row, affine({j: sep.col_stride}, c))), weight)
-            for c, weight in sep.cols]
 
-    name_i = em.name(i)
-    first = -sep.row_stride * lo_i  # output row i reads ring rows row_stride * i + first ... + span - 1
-    start, stop = (em.expr(affine({i: sep.row_stride}, first + n)) for n in (span - fresh, span))
-    if span > fresh:  # the first output row filters all its rows (one loop: numba compiles the body once)
-        start = f"0 if {name_i} == {lo_i} else {start}"
-    name_k, name_j = em.name(k), em.name(j)
-    filtered = For(name_k, start, stop, Kind.SERIAL, block(For(name_j, lo_j, hi_j + 1, Kind.SERIAL, block(
-        Let(ring(k), Chain(Op.ADD, tuple(weighted_sums(taps, dtype))))))))
-    summed = For(name_j, lo_j, hi_j + 1, Kind.SERIAL, block(body(
-        [], terms=[(ring(affine({i: sep.row_stride}, first + r - first_row)), weight) for r, weight in sep.rows],
-        terms_dtype=dtype)))
-    return block(Comment(f"separable window: {len(sep.rows)} rows x {len(sep.cols)} columns, rows first"),
-                 Allocate(tmp, (mask + 1, hi_j - lo_j + 1), dtype),
-                 For(name_i, lo_i, hi_i + 1, Kind.SERIAL, block(filtered, summed)))
+def expand_points(s: Stmt, build: Callable[[Point], Stmt]) -> Stmt:
+    """`s` with each Point's statements built (`build(point)`), in the order they print."""
+    match s:
+        case Point():
+            return build(s)
+        case Block(stmts):
+            return block(*(expand_points(c, build) for c in stmts))
+        case For(body=inner):
+            return replace(s, body=block(expand_points(inner, build)))
+    return s
 
 
 def _full_loops(em: Emitter, vars_, shape, dims, par, inner: Stmt) -> Stmt:
     """`inner` in a loop over the whole extent of each of `dims`."""
     return nest([(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in dims], inner)
-
-
-def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:
-    """`sum(term * weight)` as one sum per weight, its terms added before the weight multiplies
-    them (`(h1 + h2 + h6) * f32_2`): numba's compile time grows with every operation. A term
-    None is its weight alone."""
-    by_weight: dict[float, list[Expr]] = {}
-    sums: list[Expr] = []
-    for term, weight in terms:
-        if term is not None:
-            by_weight.setdefault(weight, []).append(term)
-        else:
-            sums.append(Const(weight, dtype))
-    for weight, group in by_weight.items():
-        total = group[0] if len(group) == 1 else Chain(Op.ADD, tuple(group), grouped=True)
-        sums.append(total if weight == 1 else Chain(Op.MUL, (total, Const(weight, dtype))))
-    return sums
 
 
 def product(loads: tuple[Load, ...]) -> Expr | None:

@@ -32,9 +32,9 @@ from halide_ad.runtime import emit, lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.lanes import SCRATCH_MAX
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
-                                     nest as loop_nest, walk)
+                                     nest as loop_nest, walk, weighted_sums)
 from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
-                                       scatter, split_loop_nest, tap_rows, weighted_sums, wide_gathers)
+                                       scatter, split_loop_nest, tap_rows, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.column_parts import ROWS_AT_ONCE, column_parts, row_blocks, row_term
@@ -249,8 +249,9 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
         part_name = em.name(part)
         zeros = block(*(_columns(plan, Store(name, (part, plan.new_vars[0]), Const(0.0, "float64")))
                         for (plan, _), name in zip(folded, parts, strict=True)))
-        start = f"{part_name} * {blocks.size}"
-        loops_ = [(em.name(row), start, f"{start} + {blocks.size}", Kind.SERIAL)]
+        size = Const(blocks.size, INDEX_DTYPE)
+        start = Chain(Op.MUL, (part, size))
+        loops_ = [(em.name(row), start, Chain(Op.ADD, (start, size)), Kind.SERIAL)]
     else:
         loops_ = [(em.name(first.new_vars[d]), 0, first.adjoint.shape[d], Kind.PARALLEL if d == depth - 1 else Kind.SERIAL)
                   for d in range(depth)]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from halide_ad.ir import Expr, Load, Op, Var, dtype_of
+from halide_ad.ir import INDEX_DTYPE, Const, Expr, Load, Op, Var, dtype_of
 from halide_ad.ir import show as show_expr
 
 
@@ -24,7 +24,7 @@ class Kind(Enum):
     AT_MOST_ONCE = "at most once"  # proved to run zero times or once: `var = lo`, then a test
 
 
-Bound = Expr | int | str  # a str is Python text, for bounds not yet lowered (`span[0]`)
+Bound = Expr | int
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,27 @@ class Spans:
     extent: int
     inside: tuple[tuple[Var | str, int, int], ...]
     body: Block
+
+
+@dataclass(frozen=True, slots=True)
+class Text(Expr):
+    """Python text the emitter has printed already: a resolved loop's bound (`emit.resolve`).
+    Only the emitter makes one, as it makes `Source` lines."""
+    text: str
+    dtype: str = INDEX_DTYPE
+
+
+@dataclass(frozen=True, slots=True)
+class IfElse(Expr):
+    """`then if cond else otherwise`, printed without the parentheses of a Select's Python form:
+    a loop bound that differs on an enclosing loop's first iteration (schedule/separable.py)."""
+    cond: Expr
+    then: Expr
+    otherwise: Expr
+
+    @property
+    def dtype(self) -> str:
+        return dtype_of(self.then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +160,7 @@ class Chain(Expr):
     """args[0] op args[1] op ...: terms combined left to right, printed flat (`h1 * h2 * f32_3`,
     `k & 3`), in parentheses where `grouped` (`(h1 + h2 + h6) * f32_2`), instead of the pair of
     parentheses a Bin prints around each operation. The weighted sums of a gather loop nest
-    (`gathers.weighted_sums`) are chains."""
+    (`weighted_sums`) are chains."""
     op: Op
     args: tuple[Expr, ...]
     grouped: bool = False
@@ -147,6 +168,23 @@ class Chain(Expr):
     @property
     def dtype(self) -> str:
         return dtype_of(self.args[0])
+
+
+def weighted_sums(terms: list[tuple[Expr | None, float]], dtype: str) -> list[Expr]:
+    """`sum(term * weight)` as one sum per weight, its terms added before the weight multiplies
+    them (`(h1 + h2 + h6) * f32_2`): numba's compile time grows with every operation. A term
+    None is its weight alone."""
+    by_weight: dict[float, list[Expr]] = {}
+    sums: list[Expr] = []
+    for term, weight in terms:
+        if term is not None:
+            by_weight.setdefault(weight, []).append(term)
+        else:
+            sums.append(Const(weight, dtype))
+    for weight, group in by_weight.items():
+        total = group[0] if len(group) == 1 else Chain(Op.ADD, tuple(group), grouped=True)
+        sums.append(total if weight == 1 else Chain(Op.MUL, (total, Const(weight, dtype))))
+    return sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +277,26 @@ class Comment:
 
 
 @dataclass(frozen=True, slots=True)
+class Point:
+    """A gather loop nest's point whose statements are not built yet: the sum of `gathers` (the
+    solver's Gathers) and of `terms` ((expression, weight) pairs of `terms_dtype`), stored at the
+    enclosing loops' point. `region`: the region around the box (a Split.outside box, as pairs)
+    that the point runs in, its gathers specialized to it, where its loads may be read once at the
+    top of an iteration (`hoist_loads`). `at`: the point's index where a phase does not assign it
+    (j = stride*q + p, schedule/strided.py), as (variable, value) pairs; `reads`: what its
+    statements read instead of each expression (the locals of the loads its phases share, a
+    phased row's alias), as pairs. The schedule passes that rewrite a gather loop nest move and
+    rewrite Points (schedule/separable.py, corners.py, columns.py, strided.py);
+    `gathers.expand_points` then builds each one's statements."""
+    gathers: tuple = ()
+    terms: tuple[tuple[Expr, float], ...] = ()
+    terms_dtype: str | None = None
+    region: tuple[tuple[Var, tuple[int, int]], ...] = ()
+    at: tuple[tuple[Var, Expr], ...] = ()
+    reads: tuple[tuple[Expr, Expr], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Source:
     """A line of Python text, and the statements nested under it: a statement as runtime/emit.py
     prints it (`resolve`). Only the emitter makes them."""
@@ -246,7 +304,7 @@ class Source:
     body: Block = Block()
 
 
-Stmt = Block | For | Spans | Store | Accumulate | If | Let | Fail | Allocate | Comment | Source
+Stmt = Block | For | Spans | Store | Accumulate | If | Let | Fail | Allocate | Comment | Point | Source
 
 
 def children(s: Stmt) -> tuple[Stmt, ...]:
@@ -305,6 +363,8 @@ def map_exprs(s: Stmt, fn: Callable[[Expr], Expr]) -> Stmt:
             return replace(s, value=fn(value))
         case Spans(body=body):
             return replace(s, body=map_exprs(body, fn))
+        case Point(terms=terms):
+            return replace(s, terms=tuple((fn(e), weight) for e, weight in terms))
     return s  # Allocate, Comment
 
 
@@ -347,6 +407,12 @@ def _show(s: Stmt, depth: int) -> list[str]:
             return lines + ([f"{pad}else:"] + _show(otherwise, depth + 1) if otherwise else [])
         case Comment(text):
             return [f"{pad}# {text}"]
+        case Point(gathers, terms, _, region, at, reads):
+            sums = "".join(f" + {_expr(e)} * {weight}" for e, weight in terms)
+            where = "".join(f", {_expr(v)} in [{lo}, {hi}]" for v, (lo, hi) in region)
+            where += "".join(f", {_expr(v)} = {_expr(e)}" for v, e in at)
+            where += "".join(f", {_expr(e)} read as {_expr(local)}" for e, local in reads)
+            return [f"{pad}point({len(gathers)} gather(s){sums}{where})"]
         case Source(text, body):
             return [pad + text] + _show(body, depth + 1)
     raise TypeError(f"not a statement: {s!r}")
@@ -356,6 +422,10 @@ def _expr(e) -> str:
     match e:
         case str() | int():
             return str(e)
+        case Text(text):
+            return text
+        case IfElse(cond, then, otherwise):
+            return f"{_expr(then)} if {_expr(cond)} else {_expr(otherwise)}"
         case Local(name):
             return name
         case Element(array, index, _):

@@ -11,11 +11,21 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   axis as LANES partial results (also for the gathers' pieces).
 * `fuse_rows.py`, `fuse_rows`: then, over the kernel's nests, consecutive nests that share buffers
   only at their outer loop's row as one loop over the rows.
-* `hoist.py`, `hoist_loads`: a gather loop nest's region iteration reads the loads it can once,
-  at its top (the phases of a box's iteration share theirs: HALIDE_AD_SKIP=hoist_loads leaves
-  those out too).
+* `regions.py`, `split_box`: a gather loop nest's plain nest (around a `loops.Point` of its
+  general gathers) as its box's and its regions' nests, each around a Point of its own gathers.
+* `columns.py`, `edge_columns`: a gather loop nest's regions beside its box in the last
+  dimension only (a plane's edge columns) run inside the box's loop over the dimension before it.
+* `strided.py`, `phases`: the box's strided dimensions in phases j = stride*q + p, each phase's
+  `loops.Point` stored at its j and reading the loads its phases share, once per q.
+* `separable.py`, `separable`: a gather loop nest's box whose window is separable
+  (`separable_window`): its last two loops as two passes over a ring of rows, each point a
+  `loops.Point` of the ring's rows (`gathers.expand_points` builds the points' statements).
 * `corners.py`, `tabled_points`: a gather loop nest's lone points whose gathers are constant
-  taps (`points_to_table`) run as one loop over tables, after its other regions.
+  taps (`points_to_table` of the regions' `loops.Point`s) run as one loop over tables, after its
+  other regions.
+* `hoist.py`, `hoist_loads`: then, as each region's Point is built (`gathers.expand_points`),
+  its iteration reads the loads it can once, at its top (the phases of a box's iteration share
+  theirs, `phases`: HALIDE_AD_SKIP=hoist_loads leaves those out too).
 * `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the general
   nest runs only at the points outside the box (`loops.Spans`), before the box's own nest.
 * `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's
@@ -26,7 +36,8 @@ Decisions, pure functions of the IR, each tested on data:
   phases of a strided dimension, and its separable window (`Split`); `cut_dims`.
 * `phases.py`, `pointwise_split`: a pointwise forward definition run in phases, or around an
   interior box where it is a sum of selects on its variables, like a gather.
-* `separable.py`, `separable_window`: whether the separable window runs as two passes.
+* `separable.py`, `separable_window`: whether the separable window runs as two passes (the
+  `separable` pass).
 * `corners.py`, `points_to_table`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `loads_to_hoist`: the loads an iteration reads once, at its top.
 * `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time; `taps_by_rows`:

@@ -3,13 +3,14 @@
 taps. A specialized copy of the body per corner cost numba as much to compile as an edge's loop.
 
 `points_to_table` decides which regions (of Split.outside) qualify; the pass `tabled_points`
-replaces their nests, among a gather loop nest's regions, by the loop over tables.
+replaces their nests, among a gather loop nest's regions (each a nest around a `loops.Point` of
+its region's gathers), by the loop over tables.
 """
 from __future__ import annotations
 
 from halide_ad.ir import INDEX_DTYPE, Const, Load, Op, Var, dtype_of
 from halide_ad.runtime.contract import factors
-from halide_ad.runtime.loops import Accumulate, Block, Chain, Element, For, Kind, Let, Local, Stmt, Table, block
+from halide_ad.runtime.loops import Accumulate, Block, Chain, Element, For, Kind, Let, Local, Point, Table, block, walk
 from halide_ad.solver.bounds import checked_at_run_time
 
 
@@ -58,13 +59,19 @@ def constant_taps(gs) -> list[tuple[Load, int, float]] | None:
     return [(load, taps[0][1], scale) for load, scale in weights.items()]
 
 
-def tabled_points(s: Block, points: list[tuple[int, dict, list]], dims: tuple[Var, ...], run: Stmt) -> Block:
-    """`s`, a gather loop nest's regions (one statement each), without the lone points of `points`
-    ((k, region, its taps): `s.body[k]` runs `region`, `points_to_table`'s choice), which run
-    after the rest as one loop over tables: each point's position in `dims`, and its taps'
-    constant indices and weights. `run` stores a point's value from the local `taps`, the sum of
-    its taps. A point runs only its own count of taps: rows are padded to the longest, and a
-    padding tap at weight 0 would still turn an inf it read into nan."""
+def tabled_points(s: Block, dims: tuple[Var, ...], staged) -> Block:
+    """`s`, a gather loop nest's regions (one statement each, around the Point of its region's
+    gathers), without the lone points whose gathers are constant taps (`points_to_table`'s choice
+    of them, in `dims`; none reading a buffer of `staged`), which run after the rest as one loop
+    over tables: each point's position in `dims`, and its taps' constant indices and weights,
+    then a Point of the local `taps`, the sum of its taps. A point runs only its own count of
+    taps: rows are padded to the longest, and a padding tap at weight 0 would still turn an inf
+    it read into nan."""
+    regions = [(dict(p.region), list(p.gathers)) for c in s.body for p in walk(c) if isinstance(p, Point)]
+    if len(regions) != len(s.body):  # (not one Point per region: nothing this pass knows)
+        return s
+    chosen = points_to_table(regions, dims, staged)
+    points = [(k, region, taps) for k, (region, _) in enumerate(regions) for r, taps in chosen if r is region]
     if not points:
         return s
     per_point = [taps for _, _, taps in points]
@@ -89,6 +96,6 @@ def tabled_points(s: Block, points: list[tuple[int, dict, list]], dims: tuple[Va
         *(Let(v, Element(where, (point, const(k)), INDEX_DTYPE)) for k, v in enumerate(at)),
         Let(taps, Const(0, load.dtype)),
         For(tap.name, 0, Element(count, (point,), INDEX_DTYPE), Kind.SERIAL, block(add)),
-        run))
+        Point((), ((taps, 1.0),), load.dtype)))
     tabled = {k for k, _, _ in points}
     return Block(tuple(c for k, c in enumerate(s.body) if k not in tabled) + (loop,))

@@ -6,9 +6,9 @@ import pytest
 from halide_ad.ir import Adjoint, Bin, Const, Load, Op, Range, Reduce, Scatter, Var
 from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.gathers import lift_reductions, product, row_gathers, weighted_sums
+from halide_ad.runtime.gathers import lift_reductions, product, row_gathers
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Element, For, If, Kind, Local, Store, loops, show,
-                                     walk)
+                                     walk, weighted_sums)
 from halide_ad.runtime.plans import AdjointPlan
 from halide_ad.runtime.schedule.rows import COLUMN_BLOCK
 from halide_ad.solver import Gather, GatherPiece

@@ -8,8 +8,8 @@ import halide_ad as hd
 from halide_ad.ir import Bin, Const, Load, Op, Var
 from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Combine, Element, Fold, For, If, Kind, Let, Local, Store, block,
-                                     Row, loops, nest, walk)
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Combine, Element, Fold, For, If, IfElse, Kind, Let, Local,
+                                     Store, Text, block, Row, loops, nest, walk)
 from halide_ad.runtime.loops import show as loops_show
 from halide_ad.runtime.parallel import parallel_for
 from halide_ad.runtime.schedule.accumulate import LANES, pairwise, split_accumulators
@@ -70,6 +70,22 @@ def test_reversed_and_unrolled_loops_run_their_iterations_in_order():
     out = np.zeros(5)
     _run(source, "run", out, np.zeros(3, np.int64))
     np.testing.assert_array_equal(out, [0, 1, 1, 1, 0])
+
+
+def test_a_bound_that_differs_on_the_first_iteration_is_an_expression_printed_without_parentheses():
+    """Loop bounds are expressions, never text: the emitter prints them, and a resolved loop
+    holds the printed text (`Text`)."""
+    first = IfElse(Chain(Op.EQ, (i, Const(1, "int64"))), Const(0, "int64"), Bin(Op.ADD, i, Const(1, "int64")))
+    inner = For(j, first, Bin(Op.ADD, i, Const(2, "int64")), Kind.SERIAL,
+                block(Accumulate(Load("out", (i,), "float64"), Load("x", (j,), "float64"), augmented=True)))
+    em = Emitter({"out": (4,), "x": (5,)})
+    resolved = emit.resolve(inner, em)
+    assert resolved.lo == Text("0 if i == 1 else (i + 1)") and emit.resolve(resolved, em) == resolved
+    assert loops_show(inner).startswith("for j in [0 if i == 1 else i + 1, i + 2):")
+    source = emit.function(em, "run", block(For(i, 1, 4, Kind.SERIAL, block(inner))))
+    out, x = np.zeros(4), np.arange(5.0)
+    _run(source, "run", *[{"out": out, "x": x}[b] for b in em.used], np.zeros(3, np.int64))
+    np.testing.assert_array_equal(out, [0, x[0:3].sum(), x[3], x[4]])  # i = 1 sums from j = 0
 
 
 def test_literals_are_numbered_in_the_order_the_kernel_prints_them():

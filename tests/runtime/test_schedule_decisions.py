@@ -5,7 +5,7 @@ when a pointwise definition runs in phases or around a box."""
 from __future__ import annotations
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Range, Reduce, Select, Var
-from halide_ad.runtime.loops import Block, Comment, Let, Local, Store, Table
+from halide_ad.runtime.loops import Block, Kind, Let, Local, Point, Table, block, nest as loop_nest
 from halide_ad.runtime.schedule import Separable, Split
 from halide_ad.runtime.schedule.corners import constant_taps, points_to_table, tabled_points
 from halide_ad.runtime.schedule.hoist import loads_to_hoist
@@ -73,12 +73,20 @@ def test_corners_whose_gathers_are_constant_taps_run_from_tables():
     assert points_to_table(regions[:1], (i, j), staged={}) == []  # one point is not worth a table
     assert points_to_table(regions, (i, j), staged={"x": (1, "stage0")}) == []  # x read a plane at a time
     # the pass: the points' nests leave the regions, one loop over tables runs them after the rest
-    nests = Block(tuple(Comment(f"region {k}") for k in range(3)))
-    run = Store("adj_x", (n, i, j), Local("taps", "float32"))
-    out = tabled_points(nests, [(k, region, taps) for k, (region, taps) in enumerate(points)], (i, j), run)
-    assert out.body[0] == Comment("region 2") and len(out.body) == 2
+    def nest(region, gs):
+        """A region's nest: a loop over an edge, a variable set at a point, around its Point."""
+        loops = [(v, lo, hi + 1, Kind.SERIAL) for v, (lo, hi) in region.items() if lo != hi]
+        lets = [Let(v, Const(lo, INDEX_DTYPE)) for v, (lo, hi) in region.items() if lo == hi]
+        return loop_nest(loops, block(*lets, Point(tuple(gs), region=tuple(region.items()))))
+
+    nests = Block(tuple(nest(*r) for r in regions))
+    out = tabled_points(nests, (i, j), staged={})
+    assert out.body[0] == nests.body[2] and len(out.body) == 2
     loop = out.body[1]
-    assert (loop.var, loop.lo, loop.hi) == ("point", 0, 2) and loop.body.body[-1] == run
+    assert (loop.var, loop.lo, loop.hi) == ("point", 0, 2)
+    assert loop.body.body[-1] == Point((), ((Local("taps", "float32"), 1.0),), "float32")  # the sum of its taps
+    assert tabled_points(nests, (i, j), staged={"x": (1, "stage0")}) == nests
+    assert tabled_points(Block(nests.body[:1] + nests.body[2:]), (i, j), staged={}).body == nests.body[:1] + nests.body[2:]
     let_i, let_j, start, taps = loop.body.body[:4]
     assert let_i.var == i and let_i.value.array == Table("[[0, 0], [0, 9]]", "int64")  # each point's position
     assert start == Let(Local("taps", "float32"), Const(0, "float32"))
@@ -147,7 +155,7 @@ def test_a_separable_window_runs_as_two_passes_outside_the_parallel_plane():
     three = ((-1, 0.25), (0, 0.5), (1, 0.25))
     split = Split(box={i: (1, 62), j: (1, 62)}, inside=[],
                   separable=Separable(src, 1, 1, rows=three, cols=three))
-    assert ring_rows(split) == 4  # rows -1 .. 1: the next power of two
+    assert ring_rows(split.separable) == 4  # rows -1 .. 1: the next power of two
     assert separable_window(split, (8, 64, 64), first=1, par=0)
     assert not separable_window(split, (8, 64, 64), first=1, par=1)  # a ring per thread
     assert not separable_window(split, (8, 64, MAX_SEPARABLE_TEMP), first=1, par=0)  # the ring would not fit

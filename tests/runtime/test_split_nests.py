@@ -1,5 +1,7 @@
-"""A gather loop nest built whole as loop-nest data (runtime/gathers.py `split_loop_nest`) and the
-hoisting pass over an iteration's statements (runtime/schedule/hoist.py), tested on the nodes."""
+"""A gather loop nest built whole as loop-nest data (runtime/gathers.py `split_loop_nest`), the
+hoisting pass over an iteration's statements (runtime/schedule/hoist.py), the separable window's
+pass (runtime/schedule/separable.py), the box and its regions' (schedule/regions.py), the edge
+columns' (schedule/columns.py) and the phases' (schedule/strided.py), tested on the nodes."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,13 +9,20 @@ import pytest
 
 import halide_ad as hd
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Func, Load, Op, Select, Var
-from halide_ad.runtime import emit
+from halide_ad.runtime import emit, schedule
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.gathers import split_loop_nest
-from halide_ad.runtime.loops import Block, For, Hoisted, If, Kind, Let, Local, Row, Source, Spans, Store, block, loops, walk
+from halide_ad.runtime.gathers import expand_points, split_loop_nest
+from halide_ad.runtime.loops import (Allocate, Block, Chain, Comment, Element, For, Hoisted, If, IfElse, Kind, Let, Local,
+                                     Point, Row, Source, Spans, Store, block, loops, walk, weighted_sums)
+from halide_ad.runtime.schedule import Separable, Split
+from halide_ad.runtime.schedule.boundary import box_ranges
+from halide_ad.runtime.schedule.columns import edge_columns
+from halide_ad.runtime.schedule.regions import split_box
 from halide_ad.runtime.schedule.hoist import hoist, reading, substituted
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
+from halide_ad.runtime.schedule.separable import separable
 from halide_ad.runtime.schedule.spans import outside_box
+from halide_ad.runtime.schedule.strided import phases
 from halide_ad.traverse import walk as walk_expr
 
 i, j, n = Var("i"), Var("j"), Var("n")
@@ -138,16 +147,25 @@ def _blur(img):
     return hd.compute(img.shape, lambda y, x: hd.sum(c[y + r - 1, x + s - 1]) * 0.25, name="blur")
 
 
-@pytest.mark.parametrize("skip, gone", [("tabled_points", "for point in range"),
-                                         ("interior,hoist_loads", "h0 = ")])
-def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(monkeypatch, skip, gone):
+def _blur5(img):
+    """A 5x5 box: 25 terms a point, 10 as a separable window's two passes."""
+    c = hd.repeat_edge(img)
+    r, s = hd.rdom(5, 5)
+    return hd.compute(img.shape, lambda y, x: hd.sum(c[y + r - 2, x + s - 2]) * 0.04, name="blur5")
+
+
+@pytest.mark.parametrize("skip, gone, fn", [("tabled_points", "for point in range", _blur),
+                                             ("interior,hoist_loads", "h0 = ", _blur),
+                                             ("split_box", "h0 = ", _blur),
+                                             ("separable", "# separable window", _blur5)])
+def test_a_skipped_split_decision_leaves_its_code_out_and_the_gradient_the_same(monkeypatch, skip, gone, fn):
     img = np.arange(6 * 7, dtype=np.float64).reshape(6, 7) % 5
     ct = np.cos(np.arange(6 * 7, dtype=np.float64)).reshape(6, 7)
-    assert gone in hd.explain(hd.func(_blur), img).backward_source
-    expected = hd.vjp(hd.func(_blur), img)[1](ct)
+    assert gone in hd.explain(hd.func(fn), img).backward_source
+    expected = hd.vjp(hd.func(fn), img)[1](ct)
     monkeypatch.setenv("HALIDE_AD_SKIP", skip)
-    assert gone not in hd.explain(hd.func(_blur), img).backward_source
-    np.testing.assert_allclose(hd.vjp(hd.func(_blur), img)[1](ct), expected, rtol=1e-12)
+    assert gone not in hd.explain(hd.func(fn), img).backward_source
+    np.testing.assert_allclose(hd.vjp(hd.func(fn), img)[1](ct), expected, rtol=1e-12)
 
 
 def test_an_index_that_reads_a_hoisted_load_is_still_checked_at_run_time():
@@ -187,3 +205,151 @@ def test_a_box_without_regions_runs_its_edges_as_spans_and_skipped_the_same(monk
     assert "for span in spans:" not in hd.explain(hd.func(_every_other), img).backward_source
     (grad,) = hd.vjp(hd.func(_every_other), img)[1](ct)
     np.testing.assert_allclose(grad, expected, rtol=1e-12)
+
+
+def _window_box(lo: int, hi: int):
+    """A box over rows and columns lo..hi-1 whose points run the box's gathers, and the 3x3
+    window [1 2 1]/4 x [1 2 1]/4 over x that those gathers are."""
+    three = ((-1, 0.25), (0, 0.5), (1, 0.25))
+    box = For(i, lo, hi, Kind.SERIAL, block(For(j, lo, hi, Kind.SERIAL, block(Point(("the box's gathers",))))))
+    return box, Separable(Load("x", (i, j), "float64"), 1, 1, rows=three, cols=three)
+
+
+def test_the_separable_pass_runs_a_box_as_two_passes_over_a_ring_of_rows():
+    box, sep = _window_box(1, 7)
+    out = separable(box, sep, "window")
+    comment, allocate, rows = out.body
+    assert allocate == Allocate("window", (4, 6), "float64")  # rows -1..1: a ring of 4
+    assert rows.var == i and (rows.lo, rows.hi) == (1, 7)
+    filtered, summed = rows.body.body
+    assert isinstance(filtered.lo, IfElse)  # the first output row filters all three of its rows
+    assert filtered.body.body[0].var == j and isinstance(filtered.body.body[0].body.body[0], Let)
+    (point,) = summed.body.body
+    assert point.gathers == () and point.terms_dtype == "float64" and [w for _, w in point.terms] == [0.25, 0.5, 0.25]
+    assert all(isinstance(e, Element) and e.array == "window" for e, _ in point.terms)
+    # its points, built, add the same terms as the window: run it
+    def build(point):
+        return Store("d", (i, j), Chain(Op.ADD, tuple(weighted_sums(list(point.terms), "float64"))))
+    em = Emitter({"x": (8, 8), "d": (8, 8)})
+    source = emit.function(em, "run", block(expand_points(out, build)))
+    assert "for row in range(0 if i == 1 else (i + 1), (i + 2)):" in source
+    x = np.cos(np.arange(64.0)).reshape(8, 8)
+    d = np.zeros((8, 8))
+    namespace = {"np": np, "kernel": lambda fn: fn, "nonneg": lambda k: k}
+    exec(source, namespace)
+    namespace["run"](*[{"x": x, "d": d}[b] for b in em.used], np.zeros(3, np.int64))
+    w = np.array([0.25, 0.5, 0.25])
+    expected = sum(w[a] * w[b] * x[a:a + 6, b:b + 6] for a in range(3) for b in range(3))
+    np.testing.assert_allclose(d[1:7, 1:7], expected, rtol=1e-14)
+
+
+def test_the_separable_pass_leaves_other_nests_alone_and_a_skip_leaves_it_out(monkeypatch, capsys):
+    box, sep = _window_box(1, 7)
+    inner = box.body.body[0]
+    assert separable(inner, sep, "window") == inner  # one loop around the point: no window
+    assert separable(For(n, 0, 2, Kind.SERIAL, block(box)), sep, "window").body.body[1].array == "window"
+    monkeypatch.setenv("HALIDE_AD_DUMP", "separable")
+    monkeypatch.setenv("HALIDE_AD_SKIP", "separable")
+    assert schedule.run(separable, box, sep, "window") == box
+    assert "# after separable (skipped)\nfor i in [1, 7):" in capsys.readouterr().out
+
+
+def _column_box():
+    """A box over i in 1..3, j in 2..7 of a 5 x 10 nest (its plain loops around a Point), and
+    its regions: the row i = 0 and the columns j = 0..1 and j = 8..9 beside it (i in 1..3)."""
+    box = For("i", 1, 4, Kind.PARALLEL, block(For("j", 2, 8, Kind.SERIAL, block(Point(("inside",))))))
+    row = block(Let(i, Const(0, INDEX_DTYPE)), For("j", 0, 10, Kind.SERIAL, block(Point(("row",), region=(
+        (i, (0, 0)), (j, (0, 9)))))))
+    low, high = (For("i", 1, 4, Kind.PARALLEL, block(For("j", lo, hi + 1, Kind.PARALLEL, block(Point(
+        (name,), region=((i, (1, 3)), (j, (lo, hi)))))))) for name, lo, hi in (("low", 0, 1), ("high", 8, 9)))
+    return box, Block((row, low, high))
+
+
+def test_edge_columns_run_the_columns_inside_the_boxs_row_loop_serially(monkeypatch, capsys):
+    box, regions = _column_box()
+    cut = ((i, (1, 3)), (j, (2, 7)))
+    kept, moved = edge_columns(Block((regions, box)), cut, 1).body
+    assert kept == Block((regions.body[0],))  # the row is not beside the box in j only
+    low, inner, high = moved.body.body[0].body
+    assert inner == box.body.body[0]
+    assert [s.body.body[0].gathers for s in (low, high)] == [("low",), ("high",)]
+    assert low.var == "j" and (low.lo, low.hi, low.kind, high.kind) == (0, 2, Kind.SERIAL, Kind.SERIAL)
+    # a box cut in j only: the columns beside it at the top
+    alone = edge_columns(Block((Block((low, high)), inner)), ((j, (2, 7)),), 0)
+    assert alone == Block((Block(()), Block((low, inner, high))))
+    # no columns: nothing moves; skipped, they stay regions of their own
+    assert edge_columns(Block((Block(regions.body[:1]), box)), cut, 1) == Block((Block(regions.body[:1]), box))
+    monkeypatch.setenv("HALIDE_AD_SKIP", "edge_columns")
+    monkeypatch.setenv("HALIDE_AD_DUMP", "edge_columns")
+    assert schedule.run(edge_columns, Block((regions, box)), cut, 1) == Block((regions, box))
+    assert "# after edge_columns (skipped)" in capsys.readouterr().out
+
+
+def _x_at(*index):
+    return _x(*(Const(k, INDEX_DTYPE) if isinstance(k, int) else k for k in index))
+
+
+def test_phases_run_each_phase_at_its_index_reading_the_loads_the_phases_share():
+    """Both dimensions of an 8 x 8 box phased (i = 2*qi + pi, j = 2*qj + pj), the columns j = 0..1
+    beside it: each phase's Point stores at (2*qi + pi, 2*qj + pj), its gathers that phase's, its
+    loads those hoisted at the top of qj's iteration; the columns read i as i_<pi>."""
+    qi, qj = Var("qi"), Var("qj")
+
+    def gather(*loads):
+        return as_gather(Func("d", (qi, qj), (4, 4), Bin(Op.ADD, *loads), "float32"))
+
+    shared = _x_at(qi, qj)
+    split = Split(box={i: (0, 7), j: (2, 7)}, inside=[gather(_x(i, j), _x(i, j))], phased=(i, j), strides=(2, 2),
+                  phase_vars=(qi, qj), phases={(pi, pj): [gather(shared, _x_at(qi, _plus(qj, pj + pi)))]
+                                               for pi in (0, 1) for pj in (0, 1)})
+    column = For("j", 0, 2, Kind.SERIAL, block(Point(("column",), region=((i, (0, 7)), (j, (0, 1))))))
+    box = For("i", 0, 8, Kind.SERIAL, Block((column, For("j", 2, 8, Kind.SERIAL, block(Point(tuple(split.inside)))))))
+    names = (("i", "qi"), ("j", "qj"))
+    out = phases(box, split, names, box_ranges((i, j), (8, 8), split), {"x": (8, 8), "d": (8, 8)}, "d")
+    assert (out.var, out.lo, out.hi) == ("qi", 0, 4)
+    comments = [s.text for s in out.body.body if isinstance(s, Comment)]
+    assert comments == ["phase 0 of 2: i = 2 * qi + 0", "phase 1 of 2: i = 2 * qi + 1"]
+    for pi in (0, 1):
+        alias, col, row = out.body.body[4 * pi + 1:4 * pi + 4]
+        assert alias == Let(Var(f"i_{pi}"), Bin(Op.ADD, Bin(Op.MUL, Const(2, INDEX_DTYPE), qi), Const(pi, INDEX_DTYPE)))
+        assert col.body.body[0].reads == ((i, Var(f"i_{pi}")),)
+        assert (row.var, row.lo, row.hi) == ("qj", 1, 4)
+        hoisted = [s for s in row.body.body if isinstance(s, Let)]
+        points = [s for s in row.body.body if isinstance(s, Point)]
+        (local,) = [s.var for s in hoisted if s.value == shared]
+        assert len(points) == 2 and dict(points[0].reads)[shared] == local  # and every phase reads it
+        for pj, point in enumerate(points):
+            assert point.gathers == tuple(split.phases[(pi, pj)])
+            assert dict(point.at)[j] == Bin(Op.ADD, Bin(Op.MUL, Const(2, INDEX_DTYPE), qj), Const(pj, INDEX_DTYPE))
+            assert dict(point.at)[i] == alias.value and point.reads == points[0].reads
+
+
+def _avgpool3s2(img):
+    r, s = hd.rdom(3, 3)
+    return hd.compute(((img.shape[0] - 3) // 2 + 1, (img.shape[1] - 3) // 2 + 1),
+                      lambda y, x: hd.sum(img[2 * y + r, 2 * x + s]) / 9, name="pool")
+
+
+def test_a_skipped_phases_pass_runs_the_box_at_every_index_and_the_gradient_the_same(monkeypatch):
+    img = np.arange(9 * 13, dtype=np.float64).reshape(9, 13) % 11
+    ct = np.cos(np.arange(4 * 6, dtype=np.float64)).reshape(4, 6)
+    assert "# phase 1 of 2" in hd.explain(hd.func(_avgpool3s2), img).backward_source
+    expected = hd.vjp(hd.func(_avgpool3s2), img)[1](ct)
+    monkeypatch.setenv("HALIDE_AD_SKIP", "phases")
+    assert "# phase" not in hd.explain(hd.func(_avgpool3s2), img).backward_source
+    np.testing.assert_allclose(hd.vjp(hd.func(_avgpool3s2), img)[1](ct), expected, rtol=1e-12)
+
+
+def test_split_box_splits_the_plain_nest_into_its_regions_and_its_box(monkeypatch):
+    monkeypatch.setenv("HALIDE_AD_PARALLEL_MIN_POINTS", "8")
+    plain = For("i", 0, 5, Kind.PARALLEL, block(For("j", 0, 10, Kind.SERIAL, block(Point(("general",))))))
+    split = Split(box={i: (1, 3), j: (2, 7)}, inside=["inside"], outside=(
+        ({i: (0, 0), j: (0, 9)}, ["row"]), ({i: (1, 3), j: (0, 1)}, ["low"]), ({i: (1, 4), j: (8, 9)}, ["high"])))
+    regions, box = split_box(plain, split, (i, j), (5, 10)).body
+    assert box == For("i", 1, 4, Kind.PARALLEL, block(For("j", 2, 8, Kind.SERIAL, block(Point(("inside",))))))
+    row, low, high = regions.body
+    assert row == block(Let(i, Const(0, INDEX_DTYPE)), For("j", 0, 10, Kind.SERIAL, block(Point(
+        ("row",), region=((i, (0, 0)), (j, (0, 9)))))))
+    assert low.kind is Kind.SERIAL and high.kind is Kind.PARALLEL  # 6 points, thin; 8 run in parallel
+    assert (high.lo, high.hi, high.body.body[0].lo, high.body.body[0].hi) == (1, 5, 8, 10)
+    assert high.body.body[0].body.body[0].gathers == ("high",)
