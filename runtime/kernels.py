@@ -271,14 +271,17 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
     if not folded:
         return loop_nest(loops_, block(*body))
     step = ROWS_AT_ONCE if blocks.size % ROWS_AT_ONCE == 0 and not config.skipped("rows_at_once") else 1
-    rows = em.name(Var("rows")) if step > 1 else None
+    rows = Var("rows") if step > 1 else None
+    if rows is not None:
+        em.name(rows)
     sums = []
     for (plan, gs), name in zip(folded, parts, strict=True):
         target = Load(name, (part, plan.new_vars[0]), "float64")
 
         def term(p, target=target):  # each column's rows in order, as a row at a time added them
             add = Accumulate(target, row_term(p, row))
-            return add if rows is None else For(em.name(row), rows, f"{rows} + {step}", Kind.SERIAL, block(add))
+            return add if rows is None else For(em.name(row), rows, Chain(Op.ADD, (rows, Const(step, INDEX_DTYPE))),
+                                                Kind.SERIAL, block(add))
         sums.append(block(
             Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
                     f"this block's rows added into {name}" + (f", {step} rows at a time" if rows else "")),
@@ -286,8 +289,8 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
     if rows is None:
         body += sums
     else:
-        loops_ = [(rows, start, f"{start} + {blocks.size}", Kind.SERIAL)]
-        body = [For(em.name(row), rows, f"{rows} + {step}", Kind.SERIAL, block(*body)), *sums]
+        loops_ = [(em.name(rows), start, Chain(Op.ADD, (start, size)), Kind.SERIAL)]
+        body = [For(em.name(row), rows, Chain(Op.ADD, (rows, Const(step, INDEX_DTYPE))), Kind.SERIAL, block(*body)), *sums]
     combined = []
     for (plan, _), name in zip(folded, parts, strict=True):
         col, acc, b = plan.new_vars[0], Local("acc", "float64"), Var("part")
