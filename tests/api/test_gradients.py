@@ -94,8 +94,8 @@ def test_prod_gradient_with_zeros():
 
 def test_against_torch(rng):
     torch = pytest.importorskip("torch")
-    x, w = rng.standard_normal((2, 3, 7, 6)), rng.standard_normal((4, 3, 3, 3))
-    ct = rng.standard_normal((2, 4, 5, 4))
+    x, w = rng.standard_normal((2, 3, 6, 7)), rng.standard_normal((4, 3, 3, 2))  # check_grad's shapes above
+    ct = rng.standard_normal((2, 4, 4, 6))
     _, f_vjp = hd.vjp(P.conv2d, x, w)
     dx, dw = f_vjp(ct)
     xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)

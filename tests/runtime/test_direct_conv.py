@@ -130,7 +130,7 @@ def test_strided_forward_and_weight_gradient(xs, stride, dtype):
     for got, want in zip((y, *vjp(g)), reference(x, w, g, stride)):
         np.testing.assert_allclose(got, want, **tolerance(dtype))
     if dtype == np.float64:
-        hd.check_grad(conv_strided, x[:1, :, :5], w, *stride)
+        hd.check_grad(conv_strided, x, w, *stride)
 
 
 @compiled_only
@@ -178,7 +178,7 @@ def test_a_second_contribution_adds_to_the_first(dtype, stride):
     np.testing.assert_allclose(dw, dw_, **tolerance(dtype))
     np.testing.assert_allclose(dv, dv_, **tolerance(dtype))
     if dtype == np.float64:
-        hd.check_grad(two_convs, x[:1, :, :4, :19], w, v, *stride)
+        hd.check_grad(two_convs, x, w, v, *stride)
 
 
 def test_rows_narrower_than_a_vector_stay_with_blas():
