@@ -51,6 +51,10 @@ def _context() -> z3.Context:
     deleting one per query took 4 ms: 40% of the bilinear gradient's solving."""
     if not hasattr(_local, "context"):
         _local.context = z3.Context()
+        # Python's garbage collector frees a cycle's z3 objects in whichever thread collects (a
+        # background compile's, while this thread solves): their dec_refs must not race this
+        # context's work, which segfaulted or hung (tests/solver/test_z3_threads.py)
+        z3.Z3_enable_concurrent_dec_ref(_local.context.ref())
         _contexts.add(_local.context)
         # z3's default solver first picks a strategy for the query's logic; for these small
         # linear queries with div, mod and uninterpreted loads, its SMT core alone gave the same
