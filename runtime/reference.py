@@ -330,15 +330,17 @@ def scatter_adjoints(program: Program, adjoints: list, wrt: tuple[str, ...], buf
                     adj += seed
             elif adj is None:
                 adj = zeros(adjoint.shape, adjoint.dtype)
-            if scatters is not None:
-                scatters(adjoint.scatters, adj, env_buffers)
-            for s in adjoint.scatters if scatters is None else ():
-                _scatter(s, adj, env_buffers)
+            (scatters or _scatters)(adjoint.scatters, adj, env_buffers)
             env_buffers[adjoint_name(adjoint.buffer)] = adj
             del adj
             for name in last.get(k, ()):
                 del env_buffers[name]
     return {name: env_buffers[adjoint_name(name)].astype(program.buffer(name).dtype, copy=False) for name in wrt}
+
+
+def _scatters(group: tuple[Scatter, ...], adj: np.ndarray, buffers: dict[str, np.ndarray]) -> None:
+    for s in group:
+        _scatter(s, adj, buffers)
 
 
 def _last_readers(adjoints, kept: set[str]) -> dict[int, list[str]]:
