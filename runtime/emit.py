@@ -408,8 +408,10 @@ class Emitter:
                 return ", ".join(map(self.expr, locals))
             case Row(Load(buffer, index, _, loc)):
                 return self.row(buffer, index[:-1], str(loc) if loc else show(e.first))
-            case Fold(op, row, lo, hi, lanes):
+            case Fold(op, row, lo, hi, lanes, None):
                 return f"lanes.{FOLD[op]}({self.expr(row)}, {lo}, {hi}, ({self.expr(lanes)}))"
+            case Fold("sum", row, lo, hi, lanes, scale):
+                return f"lanes.scaled_sums({self.expr(row)}, {lo}, {hi}, ({self.expr(lanes)}), {self.expr(scale)})"
             case Combine(op, lhs, rhs):
                 return f"({COMBINE[op].format(self.expr(lhs), self.expr(rhs))})"
             case Improves(op, val, acc, arg):

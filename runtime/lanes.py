@@ -51,51 +51,72 @@ def _fold(op: str):
         vectors as the module says, each element converted to the lanes' type first. `row` is a
         contiguous 1-d array of at least `hi` elements, and hi - lo a multiple of LANES: the
         caller's to ensure."""
-        if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"
-                and isinstance(lanes, types.UniTuple) and lanes.count == LANES
-                and isinstance(lanes.dtype, types.Float) and isinstance(row.dtype, types.Float)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            element = context.get_value_type(lanes.dtype)
-            vtype = ir.VectorType(element, LANES)
-            intp = lambda v: context.get_constant(types.intp, v)
-            accs = [cgutils.alloca_once(builder, vtype) for _ in range(SPLIT)]
-            vec = vtype(ir.Undefined)
-            for q in range(LANES):
-                vec = builder.insert_element(vec, builder.extract_value(args[3], q), ir.IntType(32)(q))
-            builder.store(vec, accs[0])
-            for acc in accs[1:]:
-                builder.store(ir.Constant(vtype, [_IDENTITY[op]] * LANES), acc)
-            data = context.make_array(row)(context, builder, args[0]).data
-            start, stop = (context.cast(builder, a, t, types.intp) for a, t in zip(args[1:3], sig.args[1:3]))
-
-            def add_round(acc, k):
-                at = builder.bitcast(builder.gep(data, [k]), ir.VectorType(data.type.pointee, LANES).as_pointer())
-                terms = builder.load(at, align=row.dtype.bitwidth // 8)
-                if row.dtype.bitwidth < lanes.dtype.bitwidth:
-                    terms = builder.fpext(terms, vtype)
-                elif row.dtype.bitwidth > lanes.dtype.bitwidth:
-                    terms = builder.fptrunc(terms, vtype)
-                builder.store(_combine(builder, op, builder.load(acc), terms), acc)
-
-            group = intp(LANES * SPLIT)
-            whole = builder.add(start, builder.mul(builder.sdiv(builder.sub(stop, start), group), group))
-            with cgutils.for_range_slice(builder, start, whole, group) as (k, _):
-                for s, acc in enumerate(accs):
-                    add_round(acc, builder.add(k, intp(s * LANES)))
-            with cgutils.for_range_slice(builder, whole, stop, intp(LANES)) as (k, _):
-                add_round(accs[0], k)
-            vecs = [builder.load(acc) for acc in accs]
-            while len(vecs) > 1:
-                vecs = [_combine(builder, op, a, b) for a, b in zip(vecs[::2], vecs[1::2])]
-            out = context.get_value_type(sig.return_type)(ir.Undefined)
-            for q in range(LANES):
-                out = builder.insert_value(out, builder.extract_element(vecs[0], ir.IntType(32)(q)), q)
-            return out
-
-        return lanes(row, lo, hi, lanes), codegen
+        return _typed_fold(op, row, lo, hi, lanes, None)
     return fold
+
+
+@intrinsic
+def scaled_sums(typingctx, row, lo, hi, lanes, scale):
+    """`sums` of the terms row[k] * scale, each product in the row's type (what a row of terms
+    x[k] * c would have held, without writing the row): a mean's terms read from x in place."""
+    return _typed_fold("sum", row, lo, hi, lanes, scale)
+
+
+def _typed_fold(op: str, row, lo, hi, lanes, scale):
+    """The signature and code of a fold (`scale` a number type, or None)."""
+    scaled = scale is not None
+    if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"
+            and isinstance(lanes, types.UniTuple) and lanes.count == LANES
+            and isinstance(lanes.dtype, types.Float) and isinstance(row.dtype, types.Float)
+            and (not scaled or isinstance(scale, types.Float))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        element = context.get_value_type(lanes.dtype)
+        vtype = ir.VectorType(element, LANES)
+        intp = lambda v: context.get_constant(types.intp, v)
+        accs = [cgutils.alloca_once(builder, vtype) for _ in range(SPLIT)]
+        vec = vtype(ir.Undefined)
+        for q in range(LANES):
+            vec = builder.insert_element(vec, builder.extract_value(args[3], q), ir.IntType(32)(q))
+        builder.store(vec, accs[0])
+        for acc in accs[1:]:
+            builder.store(ir.Constant(vtype, [_IDENTITY[op]] * LANES), acc)
+        data = context.make_array(row)(context, builder, args[0]).data
+        start, stop = (context.cast(builder, a, t, types.intp) for a, t in zip(args[1:3], sig.args[1:3]))
+        if scaled:
+            one = context.cast(builder, args[4], sig.args[4], row.dtype)
+            factor = ir.VectorType(data.type.pointee, LANES)(ir.Undefined)
+            for q in range(LANES):
+                factor = builder.insert_element(factor, one, ir.IntType(32)(q))
+
+        def add_round(acc, k):
+            at = builder.bitcast(builder.gep(data, [k]), ir.VectorType(data.type.pointee, LANES).as_pointer())
+            terms = builder.load(at, align=row.dtype.bitwidth // 8)
+            if scaled:
+                terms = builder.fmul(terms, factor)
+            if row.dtype.bitwidth < lanes.dtype.bitwidth:
+                terms = builder.fpext(terms, vtype)
+            elif row.dtype.bitwidth > lanes.dtype.bitwidth:
+                terms = builder.fptrunc(terms, vtype)
+            builder.store(_combine(builder, op, builder.load(acc), terms), acc)
+
+        group = intp(LANES * SPLIT)
+        whole = builder.add(start, builder.mul(builder.sdiv(builder.sub(stop, start), group), group))
+        with cgutils.for_range_slice(builder, start, whole, group) as (k, _):
+            for s, acc in enumerate(accs):
+                add_round(acc, builder.add(k, intp(s * LANES)))
+        with cgutils.for_range_slice(builder, whole, stop, intp(LANES)) as (k, _):
+            add_round(accs[0], k)
+        vecs = [builder.load(acc) for acc in accs]
+        while len(vecs) > 1:
+            vecs = [_combine(builder, op, a, b) for a, b in zip(vecs[::2], vecs[1::2])]
+        out = context.get_value_type(sig.return_type)(ir.Undefined)
+        for q in range(LANES):
+            out = builder.insert_value(out, builder.extract_element(vecs[0], ir.IntType(32)(q)), q)
+        return out
+
+    return (lanes(row, lo, hi, lanes, scale) if scaled else lanes(row, lo, hi, lanes)), codegen
 
 
 SCRATCH_MAX = 2048  # elements: a longer row of terms goes to the heap (np.empty), not the stack
@@ -137,7 +158,9 @@ FOLD = {op: name for name, op in _OPS.items()}  # the fold of each op, by its na
 def _plain(op: str):
     combine = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
 
-    def fold(row, lo, hi, lanes):
+    def fold(row, lo, hi, lanes, *scale):
+        if scale:
+            row = row * row.dtype.type(scale[0])  # (in the row's type, as the intrinsic)
         vecs = [list(lanes)] + [[type(v)(_IDENTITY[op]) for v in lanes] for _ in range(SPLIT - 1)]
         whole = lo + (hi - lo) // (LANES * SPLIT) * (LANES * SPLIT)
         for k in range(lo, hi, LANES):
@@ -150,4 +173,5 @@ def _plain(op: str):
     return fold
 
 
-plain_python = SimpleNamespace(scratch=_plain_scratch, **{name: _plain(op) for name, op in _OPS.items()})  # no numba
+plain_python = SimpleNamespace(scratch=_plain_scratch, scaled_sums=_plain("sum"),  # no numba
+                               **{name: _plain(op) for name, op in _OPS.items()})

@@ -143,12 +143,14 @@ class Fold(Expr):
     """`lanes`, each combined (`op`: sum, prod, max or min) with its terms row[lo + q],
     row[lo + q + LANES], ... below `hi` (runtime/lanes.py): the values of the lanes after a
     reduction's rounds. `row` is a local array (a Local naming it) or a Row. A Let assigns it
-    to the same Lanes."""
+    to the same Lanes. `scale`: each term multiplied by it first, in the row's type (a sum only:
+    `lanes.scaled_sums`)."""
     op: str
     row: Expr
     lo: int
     hi: int
     lanes: Lanes
+    scale: Expr | None = None
 
     @property
     def dtype(self) -> str:
@@ -439,8 +441,9 @@ def _expr(e) -> str:
             return ", ".join(map(_expr, locals))
         case Row(first):
             return f"row({show_expr(first)})"
-        case Fold(op, row, lo, hi, lanes):
-            return f"fold_{op}({_expr(row)}, {lo}, {hi}, ({_expr(lanes)}))"
+        case Fold(op, row, lo, hi, lanes, scale):
+            times = "" if scale is None else f", times {_expr(scale)}"
+            return f"fold_{op}({_expr(row)}, {lo}, {hi}, ({_expr(lanes)}){times})"
         case Combine(op, lhs, rhs):
             return f"{op}({_expr(lhs)}, {_expr(rhs)})"
         case Improves(op, val, acc, arg):

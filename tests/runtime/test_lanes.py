@@ -64,3 +64,21 @@ def test_scratch_holds_a_row_of_terms():
     too_long = njit(lambda: lanes.scratch(2049, np.float64))
     with pytest.raises(Exception, match="scratch"):  # the stack is for short rows: longer ones use np.empty
         too_long()
+
+
+@njit
+def _scaled(row, lo, hi, init, c):
+    return lanes.scaled_sums(row, lo, hi, init, c)
+
+
+@pytest.mark.parametrize("row_dtype, lane_dtype", [(np.float32, np.float64), (np.float64, np.float64)])
+def test_a_scaled_fold_is_the_fold_of_the_scaled_row(row_dtype, lane_dtype):
+    rng = np.random.default_rng(1)
+    row = (rng.standard_normal(16 * LANES + 5) * 1e3).astype(row_dtype)
+    c = row_dtype(1 / 768)  # no power of two: each product rounds
+    init = tuple(np.linspace(-1, 1, LANES, dtype=lane_dtype))
+    lo, hi = 8, 8 + 15 * LANES
+    want = np.array(_fold_all(row * c, lo, hi, init)[0], lane_dtype)  # the row of terms, as before
+    assert np.array_equal(np.array(_scaled(row, lo, hi, init, c), lane_dtype).view(np.uint8), want.view(np.uint8))
+    plain = lanes.plain_python.scaled_sums(row, lo, hi, init, c)
+    assert np.array_equal(np.array(plain, lane_dtype).view(np.uint8), want.view(np.uint8))

@@ -203,8 +203,8 @@ def test_split_accumulators_folds_a_long_contiguous_sum_in_lanes():
     the fold."""
     from halide_ad.ir import Func, Range, Reduce
     r = Var("r")
-    twice = Bin(Op.MUL, Load("x", (i, r), "float32"), Const(2.0, "float32"))
-    f = Func("out", (i,), (3,), Reduce("sum", twice, (Range(r, 0, 2 * LANES + 3),)), "float32")
+    square = Bin(Op.MUL, Load("x", (i, r), "float32"), Load("x", (i, r), "float32"))
+    f = Func("out", (i,), (3,), Reduce("sum", square, (Range(r, 0, 2 * LANES + 3),)), "float32")
     s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
     terms, rest = [n for n in loops(s) if n.var == r]
     assert (terms.lo, terms.hi, terms.step) == (0, 2 * LANES, 1) and (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
@@ -227,6 +227,15 @@ def test_split_accumulators_folds_a_row_of_loads_in_place():
     fold = _fold_of(s).value
     assert isinstance(fold.row, Row) and fold.row.first.buffer == "x" and fold.row.first.index[0] == i
     assert (fold.lo, fold.hi) == (0, 2 * LANES) and not any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
+    assert fold.scale is None
+    from halide_ad.ir import Func, Range, Reduce
+    r, half = Var("r"), Const(0.5, "float32")  # a mean's terms: x's row in place, each term times 0.5 in the fold
+    f = Func("out", (i,), (3,), Reduce("sum", Bin(Op.MUL, Load("x", (i, r), "float32"), half),
+                                       (Range(r, 0, 2 * LANES + 3),)), "float32")
+    s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
+    fold = _fold_of(s).value
+    assert isinstance(fold.row, Row) and fold.row.first.buffer == "x" and fold.scale == half
+    assert not any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
 
 
 def test_split_accumulators_keeps_short_masked_and_strided_sums_whole():
