@@ -13,6 +13,10 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
   only at their outer loop's row as one loop over the rows.
 * `regions.py`, `split_box`: a gather loop nest's plain nest (around a `loops.Point` of its
   general gathers) as its box's and its regions' nests, each around a Point of its own gathers.
+* `tap_rows.py`, `tap_rows`: a gather loop nest's box whose windows read along its last
+  dimension (`taps_by_rows`) runs a row at a time: its last loop as a loop over the row of Points
+  of each point's first terms, then each window's loops around a loop over the row adding one
+  tap to all of it.
 * `columns.py`, `edge_columns`: a gather loop nest's regions beside its box in the last
   dimension only (a plane's edge columns) run inside the box's loop over the dimension before it.
 * `strided.py`, `phases`: the box's strided dimensions in phases j = stride*q + p, each phase's
@@ -41,7 +45,8 @@ Decisions, pure functions of the IR, each tested on data:
 * `corners.py`, `points_to_table`: lone points whose gathers are constant taps, run from tables.
 * `hoist.py`, `loads_to_hoist`: the loads an iteration reads once, at its top.
 * `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time; `taps_by_rows`:
-  an interior box's windows run a row at a time, the window's loops outside the row's.
+  an interior box's windows run a row at a time, the window's loops outside the row's (the
+  `tap_rows` pass).
 * `stage.py`, `stage_depth`: two adjoints run a plane at a time together, the first computed only
   where the second reads it (`read_box`, `clip_split`); `row_group`:
   consecutive adjoints run a row (a plane) of each per iteration of one parallel loop.

@@ -106,7 +106,7 @@ def gathers_by_rows(vars_, shape, gathers) -> bool:
 def taps_by_rows(var: Var, gathers, written: str) -> bool:
     """Whether an interior box's gathers run a row of `var` (the adjoint's last variable) at a
     time, each window's loops outside the loop over the row, adding into the row
-    (`gathers.tap_rows`): some window reads memory with `var`, and no piece has a guard, a loop
+    (the `tap_rows` pass): some window reads memory with `var`, and no piece has a guard, a loop
     proved to run once, a window bound that moves with `var`, a reduction inside, or a read of
     `written`. Each point adds its terms in the same order, so the bits do not change; point by
     point, a convolution's input gradient (72 taps) summed one scalar chain that LLVM left
