@@ -28,7 +28,7 @@ from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Reduce, Var
 from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Point,
-                                     Stmt, Store, block, map_exprs, nest, walk, weighted_sums)
+                                     Spans, Stmt, Store, block, map_exprs, nest, walk, weighted_sums)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
@@ -114,10 +114,10 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     # of their taps
     out += expand_points(schedule.run(tabled_points, around, vars_[first:], staged), build).body
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
-        # no regions: the general gathers run outside the box
-        plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
+        # no regions: the plain nest's Point of the general gathers runs outside the box
         inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
-        out.append(schedule.run(outside_box, plain, em.name(vars_[last]), box[vars_[last]], inside))
+        out.append(expand_points(schedule.run(outside_box, general, em.name(vars_[last]), box[vars_[last]], inside),
+                                 build))
     if not two_passes:
         if split.phased:
             names = tuple((em.name(j), em.name(q)) for j, q in zip(split.phased, split.phase_vars, strict=True))
@@ -147,7 +147,7 @@ def expand_points(s: Stmt, build: Callable[[Point], Stmt]) -> Stmt:
             return build(s)
         case Block(stmts):
             return block(*(expand_points(c, build) for c in stmts))
-        case For(body=inner):
+        case For(body=inner) | Spans(body=inner):
             return replace(s, body=block(expand_points(inner, build)))
     return s
 

@@ -30,8 +30,9 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `hoist.py`, `hoist_loads`: then, as each region's Point is built (`gathers.expand_points`),
   its iteration reads the loads it can once, at its top (the phases of a box's iteration share
   theirs, `phases`: HALIDE_AD_SKIP=hoist_loads leaves those out too).
-* `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the general
-  nest runs only at the points outside the box (`loops.Spans`), before the box's own nest.
+* `spans.py`, `outside_box`: a gather loop nest's box without regions around it: the plain nest
+  (around a Point of the general gathers, built after) runs only at the points outside the box
+  (`loops.Spans`), before the box's own nest.
 * `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's
   plane kept in a local array (HALIDE_AD_SKIP=stage_plane stages no pair).
 

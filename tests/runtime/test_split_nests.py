@@ -185,6 +185,9 @@ def test_outside_box_runs_the_loop_over_the_boxs_last_dimension_around_it():
     out = outside_box(plain, "j", (2, 13), (("i", 1, 2),))
     assert out == For("i", 0, 4, Kind.PARALLEL, block(Spans("j", (2, 14), 16, (("i", 1, 2),), body)))
     assert outside_box(plain, "k", (2, 13), ()) == plain  # no loop over it: nothing to do
+    # the plain nest around a Point of the general gathers: each point built inside the spans
+    points = For("i", 0, 4, Kind.PARALLEL, block(For("j", 0, 16, Kind.SERIAL, block(Point(("the gathers",))))))
+    assert expand_points(outside_box(points, "j", (2, 13), (("i", 1, 2),)), lambda p: body) == out
 
 
 def _every_other(img):
