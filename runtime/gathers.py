@@ -120,7 +120,7 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
                                  build))
     if not two_passes:
         if split.phased:
-            names = tuple((em.name(j), em.name(q)) for j, q in zip(split.phased, split.phase_vars, strict=True))
+            names = {v: em.name(v) for v in (*vars_[first:], *split.phase_vars)}
             box_ = schedule.run(phases, box_, split, names, box_ranges(vars_, shape, split), em.shapes, written)
             for s in walk(box_):  # (a phased row's aliases, named before the columns' loops print)
                 if isinstance(s, Let) and type(s.var) is Var:

@@ -44,7 +44,8 @@ Decisions, pure functions of the IR, each tested on data:
 * `separable.py`, `separable_window`: whether the separable window runs as two passes (the
   `separable` pass).
 * `corners.py`, `points_to_table`: lone points whose gathers are constant taps, run from tables.
-* `hoist.py`, `loads_to_hoist`: the loads an iteration reads once, at its top.
+* `hoist.py`, `loads_to_hoist`: the loads an iteration reads once, at its top (none that a loop
+  inside it changes).
 * `rows.py`, `gathers_by_rows`, `column_blocks`: an adjoint run a row at a time; `taps_by_rows`:
   an interior box's windows run a row at a time, the window's loops outside the row's (the
   `tap_rows` pass).
