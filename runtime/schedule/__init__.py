@@ -56,25 +56,16 @@ Decisions, pure functions of the IR, each tested on data:
 * `column_parts.py`, `column_parts`: sums over the rows after a row group (a layer norm gain's
   gradient) folded into it as partial sums per fixed block of rows (`row_blocks`).
 
-Every pass runs through `run`: HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it
-was: to bisect a miscompile or measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the
-nests a pass returns. HALIDE_AD_SKIP=interior (no split gather nests), separable_window,
-taps_by_rows, read_box and column_parts turn those decisions off too.
+Every pass runs through `run`, and every decision is wrapped in `decision` (driver.py):
+HALIDE_AD_SKIP=<pass>,... turns passes off (the nest stays as it was: to bisect a miscompile or
+measure what a pass buys) and HALIDE_AD_DUMP=<pass>,... prints the nests a pass returns;
+HALIDE_AD_DUMP=<decision>,... prints what a decision decided, a line per call (`interior`: the box,
+the regions around it, its phases). HALIDE_AD_SKIP=interior (no split gather nests),
+separable_window, taps_by_rows, read_box and column_parts turn those decisions off too.
 """
 from __future__ import annotations
 
-from halide_ad import config
-from halide_ad.runtime.loops import Stmt, show
+from halide_ad.runtime.schedule.driver import decision, run
 from halide_ad.runtime.schedule.boundary import Separable, Split, interior, piece_exprs
 
-__all__ = ["Separable", "Split", "interior", "piece_exprs", "run"]
-
-
-def run(transform, nest: Stmt, *args) -> Stmt:
-    """`transform(nest, *args)`, or `nest` where HALIDE_AD_SKIP names the pass; printed where
-    HALIDE_AD_DUMP names it."""
-    name = transform.__name__
-    out = nest if config.skipped(name) else transform(nest, *args)
-    if config.dumped(name):
-        print(f"# after {name}{' (skipped)' if config.skipped(name) else ''}\n{show(out)}")
-    return out
+__all__ = ["Separable", "Split", "decision", "interior", "piece_exprs", "run"]

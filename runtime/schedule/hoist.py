@@ -13,10 +13,12 @@ import collections
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Expr, Load, Reduce, Var
 from halide_ad.runtime.loops import Hoisted, Let, Local, Row, Stmt, block, map_exprs
+from halide_ad.runtime.schedule.driver import decision, said
 from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.traverse import map_children, walk
 
 
+@decision(lambda chosen: f"loads {said(chosen[1])}, indices {said(chosen[0])}")
 def loads_to_hoist(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
                    written: str) -> tuple[list[Bin], list[Load]]:
     """(the indices computed once, the loads read once) for an iteration of a loop nest over
