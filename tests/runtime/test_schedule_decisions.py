@@ -120,7 +120,7 @@ def test_gathers_run_by_rows_when_their_windows_walk_the_last_dimension():
 
 
 def test_taps_run_by_rows_when_a_window_walks_the_last_dimension(monkeypatch):
-    """The decision of `gathers.tap_rows`: a window's reads step with j (even as they move with
+    """The decision of the `tap_rows` pass: a window's reads step with j (even as they move with
     the window); no guard, no bound that moves with j, no reduction inside, no read of the
     adjoint written."""
     shifted = _gather(_piece(_times(_x(Bin(Op.SUB, j, r)), _x(r, buffer="w")), loops=[Range(r, 0, 3)]))
