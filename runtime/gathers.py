@@ -1,22 +1,22 @@
-"""The gradient's gather loop nests, built whole as loop-nest data (runtime/loops.py) as the
-decisions of runtime/schedule/ say (runtime/kernels.py drives); runtime/emit.py prints them.
+"""The gradient's gather loop nests, built whole as loop-nest data (runtime/loops.py) as the decisions
+of runtime/schedule/ say (runtime/kernels.py drives); runtime/emit.py prints them.
 
-A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel
-pass picks. One with a Split (schedule/boundary.py) is built as a plain nest around a
-`loops.Point` of its gathers (not yet built) that passes rewrite: the interior box's loops and
-each region's, each around a Point of its own specialized gathers (`split_box`,
-schedule/regions.py), the edge columns inside the box's row loop (`edge_columns`,
-schedule/columns.py), a strided dimension in phases (`phases`, schedule/strided.py), a separable
-window as two passes over a ring of rows (`separable`, schedule/separable.py), the corners whose
-gathers are constant taps as one loop over tables (`tabled_points`, schedule/corners.py);
-`expand_points` then builds each Point's statements. Loads read once per iteration are hoisted
-(schedule/hoist.py: `hoist` and `reading` rewrite the iteration's statements); an adjoint whose
-windows walk memory along its last dimension runs a row at a time, in column blocks when it is
-1-D (schedule/rows.py, `row_gathers`); a box's windows that read along its last dimension run a
-row at a time, each tap added to the whole row (`tap_rows`). A point's guarded pieces follow its
-sums, the reductions inside them computed before (`lift_reductions`); the weighted sums are flat
-`Chain` expressions (`(h1 + h2) * f32_2`). A box without regions runs the general gathers' plain
-nest only outside it (the `outside_box` pass, schedule/spans.py).
+A gather loop nest without a Split is one perfect nest, whose parallel loop the choose_parallel pass
+picks. One with a Split (schedule/boundary.py) is built as a plain nest around a `loops.Point` of
+its gathers (not yet built) that passes rewrite: the interior box's loops and each region's, each
+around a Point of its own specialized gathers (`split_box`, schedule/regions.py), the edge columns
+inside the box's row loop (`edge_columns`, schedule/columns.py), a strided dimension in phases
+(`phases`, schedule/strided.py), a separable window as two passes over a ring of rows (`separable`,
+schedule/separable.py), an adjoint's box whose windows read along its last dimension a row at a
+time, each tap added to the whole row (`tap_rows`, schedule/tap_rows.py), the corners whose gathers
+are constant taps as one loop over tables (`tabled_points`, schedule/corners.py); `expand_points`
+then builds each Point's statements. Loads read once per iteration are hoisted (schedule/hoist.py:
+`hoist` and `reading` rewrite the iteration's statements); an adjoint whose windows walk memory
+along its last dimension runs a row at a time, in column blocks when it is 1-D (schedule/rows.py,
+`row_gathers`). A point's guarded pieces follow its sums, the reductions inside them computed before
+(`lift_reductions`); the weighted sums are flat `Chain` expressions (`(h1 + h2) * f32_2`). A box
+without regions runs the general gathers' plain nest only outside it (the `outside_box` pass,
+schedule/spans.py).
 """
 from __future__ import annotations
 
@@ -24,17 +24,13 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from halide_ad import config
 from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Reduce, Var
-from halide_ad.ir import show
 from halide_ad.runtime import lower, schedule
-from halide_ad.runtime.contract import factors
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, Element, For, Kind, Let, Local, Point,
-                                     Stmt, Store, block, map_exprs, nest, walk, weighted_sums)
+                                     Spans, Stmt, Store, block, map_exprs, nest, walk, weighted_sums)
 from halide_ad.runtime.lower import accumulator_dtype
 from halide_ad.runtime.schedule import rows
-from halide_ad.runtime.schedule.rows import taps_by_rows
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.boundary import box_ranges, cut_dims
 from halide_ad.runtime.schedule.corners import tabled_points
@@ -45,6 +41,7 @@ from halide_ad.runtime.schedule.regions import split_box
 from halide_ad.runtime.schedule.separable import separable, separable_window
 from halide_ad.runtime.schedule.spans import outside_box
 from halide_ad.runtime.schedule.strided import phases
+from halide_ad.runtime.schedule.tap_rows import tap_rows
 from halide_ad.traverse import map_children
 
 
@@ -53,7 +50,7 @@ def _kind(parallel: bool) -> Kind:
 
 
 def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: str, opened: int = 0,
-                    terms: float = 1, by_rows=None, staged: frozenset[str] = frozenset()) -> Stmt:
+                    terms: float = 1, adjoint=None, staged: frozenset[str] = frozenset()) -> Stmt:
     """The loop nest over `vars_` running `body(gathers)`, or, with a Split, one nest per region
     around the box running that region's specialized gathers (`split_box`; or, without regions,
     one over all the points outside the box running the general gathers), then one over the box
@@ -62,9 +59,9 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     the box's loop, next to each row's interior (`edge_columns`). `body` builds a point's
     statements, once per region and once per phase (`expand_points`). The loops over the first
     `opened` dimensions are open already (outside the nest returned); `terms` is the gathers'
-    terms per point. `by_rows(gathers, var, lo, hi)` is the box's gathers over a row of the last
-    dimension, columns lo..hi-1, a row at a time (`tap_rows`), or None. `staged`: the buffers a
-    pass reads a plane at a time (`stage_plane`)."""
+    terms per point. `adjoint`: the Adjoint the nest writes, whose box's windows may run a row of
+    the last dimension at a time (`tap_rows`); None for a forward definition's. `staged`: the
+    buffers a pass reads a plane at a time (`stage_plane`)."""
     par = parallel_dim(shape, terms)
     dims = cut_dims(vars_, shape, split)
     box = {vars_[d]: split.box[vars_[d]] for d in dims}
@@ -106,9 +103,8 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
         around = regions
     else:
         n = len(vars_) - 1
-        if n != par and not split.phased and by_rows is not None:  # the box's rows a row at a time
-            lo, hi = box.get(vars_[n], (0, shape[n] - 1))
-            box_ = _last_loop(box_, by_rows(split.inside, vars_[n], lo, hi + 1))
+        if n != par and not split.phased and adjoint is not None and not wide_gathers(split.inside, adjoint):
+            box_ = schedule.run(tap_rows, box_, vars_[n], tuple(vars_), written, adjoint.dtype)
         # the regions beside the box in its last dimension only (a plane's edge columns) run
         # inside the box's loop over the dimension before it, while that row is in cache
         around, box_ = schedule.run(edge_columns, Block((regions, box_)),
@@ -118,13 +114,13 @@ def split_loop_nest(em: Emitter, vars_, shape, split, body, gathers, written: st
     # of their taps
     out += expand_points(schedule.run(tabled_points, around, vars_[first:], staged), build).body
     if not split.outside and any(box[vars_[d]] != (0, shape[d] - 1) for d in dims):
-        # no regions: the general gathers run outside the box
-        plain = _full_loops(em, vars_, shape, range(first, len(vars_)), par, body(gathers))
+        # no regions: the plain nest's Point of the general gathers runs outside the box
         inside = tuple((em.name(vars_[d]), *box[vars_[d]]) for d in dims if d < last)
-        out.append(schedule.run(outside_box, plain, em.name(vars_[last]), box[vars_[last]], inside))
+        out.append(expand_points(schedule.run(outside_box, general, em.name(vars_[last]), box[vars_[last]], inside),
+                                 build))
     if not two_passes:
         if split.phased:
-            names = tuple((em.name(j), em.name(q)) for j, q in zip(split.phased, split.phase_vars, strict=True))
+            names = {v: em.name(v) for v in (*vars_[first:], *split.phase_vars)}
             box_ = schedule.run(phases, box_, split, names, box_ranges(vars_, shape, split), em.shapes, written)
             for s in walk(box_):  # (a phased row's aliases, named before the columns' loops print)
                 if isinstance(s, Let) and type(s.var) is Var:
@@ -144,18 +140,6 @@ def _window_loops(s: Stmt, window: tuple[Var, Var]) -> Stmt:
     return s
 
 
-def _last_loop(s: Stmt, row: Stmt | None) -> Stmt:
-    """The box's nest `s` with its last loop (around its Point) replaced by `row`, where given."""
-    if row is None:
-        return s
-    match s:
-        case For(body=Block((Point(),))):
-            return row
-        case For(body=Block((inner,))):
-            return replace(s, body=block(_last_loop(inner, row)))
-    return s
-
-
 def expand_points(s: Stmt, build: Callable[[Point], Stmt]) -> Stmt:
     """`s` with each Point's statements built (`build(point)`), in the order they print."""
     match s:
@@ -163,7 +147,7 @@ def expand_points(s: Stmt, build: Callable[[Point], Stmt]) -> Stmt:
             return build(s)
         case Block(stmts):
             return block(*(expand_points(c, build) for c in stmts))
-        case For(body=inner):
+        case For(body=inner) | Spans(body=inner):
             return replace(s, body=block(expand_points(inner, build)))
     return s
 
@@ -173,62 +157,14 @@ def _full_loops(em: Emitter, vars_, shape, dims, par, inner: Stmt) -> Stmt:
     return nest([(em.name(vars_[d]), 0, shape[d], _kind(d == par)) for d in dims], inner)
 
 
-def product(loads: tuple[Load, ...]) -> Expr | None:
-    """The product of `loads`, flat (`h1 * h2`); None for none."""
-    return None if not loads else loads[0] if len(loads) == 1 else Chain(Op.MUL, loads)
-
-
 def point_start(like: dict[tuple[Load, ...], float], terms, terms_dtype: str | None, seed: Expr | None,
                 dtype: str) -> tuple[Expr, list[Expr]]:
     """A point's first term and the sums added to it after (`weighted_sums` of the `like`
     products and the `terms`): the cotangent `seed` of a seeded adjoint, else the first sum where
     it is of the adjoint's `dtype` (the terms' may not be), else zero."""
-    sums = weighted_sums([(product(loads), scale) for loads, scale in like.items()] + list(terms), dtype)
+    sums = weighted_sums([(lower.product(loads), scale) for loads, scale in like.items()] + list(terms), dtype)
     first = seed if seed is not None else sums.pop(0) if like or sums and terms_dtype == dtype else Const(0, dtype)
     return first, sums
-
-
-def _like(piece, dtype: str) -> tuple[tuple[Load, ...], float] | None:
-    """(its loads, the constant) for a piece read unconditionally as a constant times loads of
-    `dtype`; else None."""
-    product = None if piece.loops or any(piece.guards) else factors(piece.value)
-    if product is None or not all(x.dtype == dtype for x in product[0]):
-        return None
-    return tuple(sorted(product[0], key=show)), product[1]
-
-
-def tap_rows(gs, var: Var, lo: int, hi: int, index: tuple[Expr, ...], name: str, dtype: str,
-             seed: Expr | None) -> Stmt | None:
-    """The interior box's gathers `gs` over one row, columns lo..hi-1 of `var`, as
-    `taps_by_rows` decides: each point's first terms (`point_start`), stored; then each window's
-    loops around a loop over the row that adds one tap to every point of it, into the adjoint
-    (of `dtype`, not wider: the caller's test), so that LLVM vectorizes along the row. Each point
-    adds its terms in the order the point at a time does (`gather_statements`). None where the
-    decision declines, or where a window would run in lanes (`split_accumulators`, another order)."""
-    if not taps_by_rows(var, gs, name):
-        return None
-    acc, target = Local("acc", dtype), Load(name, index, dtype)
-
-    def along_row(s: Stmt) -> For:
-        return For(var, lo, hi, Kind.SERIAL, block(s))
-
-    like: dict[tuple[Load, ...], float] = {}
-    windows: list[Stmt] = []
-    for g in gs:
-        windows.append(describe(g))
-        for piece in g.pieces:
-            if (key := _like(piece, dtype)) is not None:
-                like[key[0]] = like.get(key[0], 0.0) + key[1]
-                continue
-            point = block(lower.gather_piece(piece, acc))
-            if not config.skipped("split_accumulators") and split_accumulators(point) != point:
-                return None
-            windows.append(nest([(loop.var, loop.lo, loop.hi, Kind.SERIAL) for loop in piece.loops],
-                                along_row(Accumulate(target, piece.value, augmented=True))))
-    first, sums = point_start(like, (), None, seed, dtype)
-    start = along_row(block(Let(acc, first), *(Accumulate(acc, t, augmented=True) for t in sums),
-                            Store(name, index, acc)))
-    return block(start, *windows)
 
 
 def gather_statements(g, like: dict[tuple[Load, ...], float], dtype: str, acc_dtype: str) -> list[Stmt]:
@@ -238,9 +174,9 @@ def gather_statements(g, like: dict[tuple[Load, ...], float], dtype: str, acc_dt
     a bilinear gradient reads each load in up to four gathers, and numba's compile time grows
     with every operation). A long innermost loop adds into LANES partial sums
     (`split_accumulators`)."""
-    out: list[Stmt] = [describe(g)]
+    out: list[Stmt] = [lower.describe(g)]
     for piece in g.pieces:
-        if (key := _like(piece, dtype)) is not None:
+        if (key := lower.constant_product(piece, dtype)) is not None:
             like[key[0]] = like.get(key[0], 0.0) + key[1]
             continue
         out.append(schedule.run(split_accumulators, block(lower.gather_piece(piece, Local("acc", acc_dtype)))))
@@ -315,7 +251,7 @@ def row_gathers(plan, gathers, name: str, temp: Callable[[str], str]) -> Stmt:
     start_row = Chain(Op.ADD, tuple(first)) if first else Const(0, adj.dtype)
     out: list[Stmt] = [along_row(Store(name, vars_, start_row) if row is None else Let(acc, start_row))]
     for g in gathers:
-        out.append(describe(g))
+        out.append(lower.describe(g))
         for p in g.pieces:
             if p.loops:
                 out.append(nest([(loop.var, loop.lo, loop.hi, Kind.SERIAL) for loop in p.loops],
@@ -328,13 +264,6 @@ def row_gathers(plan, gathers, name: str, temp: Callable[[str], str]) -> Stmt:
     return block(first_allocate, body) if first_allocate else body
 
 
-def describe(c) -> Comment:
-    """A comment naming contribution `c` (a Gather or a Fallback): its form, scatter and source."""
-    s = c.scatter
-    return Comment(f"{c.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
-                   + (f"  ({s.loc})" if s.loc else ""))
-
-
 def scatter(f, adj_name: str, dtype: str) -> Stmt:
     """Fallback `f`'s scatter into the adjoint `adj_name` of `dtype`, after comments naming it."""
-    return block(describe(f), Comment(f"kept as a scatter: {f.reason}"), lower.scatter(f, adj_name, dtype))
+    return block(lower.describe(f), Comment(f"kept as a scatter: {f.reason}"), lower.scatter(f, adj_name, dtype))

@@ -15,7 +15,7 @@ passes of runtime/schedule/ (`choose_parallel`, `interchange_rows`, `split_accum
 `fuse_rows`). The split forward nests (`pointwise_split`) and the gather loop nests
 (runtime/gathers.py) are built as whole nests following the decisions of runtime/schedule/
 (`interior`, `pointwise_split`, `separable_window`, `tabled_points`, `loads_to_hoist`,
-`gathers_by_rows`, `column_blocks`, `taps_by_rows`, `stage_depth`, `row_group`); a staged pair's
+`gathers_by_rows`, `column_blocks`, `stage_depth`, `row_group`) and the passes over them; a staged pair's
 nests then keep the first adjoint's plane in a local array (the `stage_plane` pass). Each
 adjoint's nest is resolved (`Emitter.put`) as soon as it is built: the kernel lists its buffers
 in that order.
@@ -34,7 +34,7 @@ from halide_ad.runtime.lanes import SCRATCH_MAX
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Comment, For, Kind, Let, Local, Stmt, Store, block,
                                      nest as loop_nest, walk, weighted_sums)
 from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_reductions, point_start, row_gathers,
-                                       scatter, split_loop_nest, tap_rows, wide_gathers)
+                                       scatter, split_loop_nest, wide_gathers)
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.column_parts import ROWS_AT_ONCE, column_parts, row_blocks, row_term
@@ -179,19 +179,11 @@ def emit_backward(program: Program, plans, entry: str, private: frozenset[str] =
             return block(*lifted, Let(acc, Cast("float64", first) if wide else first),
                          *(Accumulate(acc, term, augmented=True) for term in sums), guarded, Store(name, index, acc))
 
-        def by_rows(gs, var, lo, hi) -> Stmt | None:
-            """The box's gathers over a row, a row at a time (`tap_rows`), where they run so."""
-            if wide_gathers(gs, adj):
-                return None
-            seed = Load("ct_" + adj.buffer, plan.new_vars, adj.dtype) if adj.seeded else None
-            return tap_rows(gs, var, lo, hi, plan.new_vars, name, adj.dtype, seed)
-
         if not opened and splits[k] is None and gathers_by_rows(plan.new_vars, adj.shape, gathers[k]):
             em.index(name, plan.new_vars, name)  # (the adjoint first among the buffers its rows use)
             return row_gathers(plan, gathers[k], name, em.temp)
         terms = gather_terms(gathers[k], adj.shape) if not opened else 1
-        return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, by_rows,
-                               staged)
+        return split_loop_nest(em, plan.new_vars, adj.shape, split, body, gathers[k], name, opened, terms, adj, staged)
 
     scratch: list[Buffer] = []
     k = 0

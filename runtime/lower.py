@@ -1,14 +1,17 @@
 """Funcs and reductions -> plain loop nests (runtime/loops.py): one serial loop per dimension and
 per reduction variable, outermost first, unscheduled. The passes under runtime/schedule/ decide
-the rest."""
+the rest. Also a gather's piece and a fallback's scatter as statements, a contribution's comment,
+and a piece read as a constant times loads (`constant_product`, which a point sums once)."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from halide_ad.ir import INDEX_DTYPE, Const, Expr, Func, Load, Reduce, dtype_of, is_float
-from halide_ad.runtime.loops import Accumulate, Block, For, If, Improves, Kind, Let, Local, Stmt, Store, block, nest
+from halide_ad.ir import INDEX_DTYPE, Const, Expr, Func, Load, Op, Reduce, dtype_of, is_float, show
+from halide_ad.runtime.contract import factors
+from halide_ad.runtime.loops import (Accumulate, Block, Chain, Comment, For, If, Improves, Kind, Let, Local, Stmt,
+                                     Store, block, nest)
 
 LONG_SUM = 256  # terms from which a float32 sum or product accumulates in float64
 
@@ -105,3 +108,24 @@ def gather_piece(piece, acc: Local) -> Stmt:
             loop, once = piece.loops[level - 1], piece.single and piece.single[level - 1]
             s = For(loop.var, loop.lo, loop.hi, Kind.AT_MOST_ONCE if once else Kind.SERIAL, block(s))
     return s
+
+
+def product(loads: tuple[Load, ...]) -> Expr | None:
+    """The product of `loads`, flat (`h1 * h2`); None for none."""
+    return None if not loads else loads[0] if len(loads) == 1 else Chain(Op.MUL, loads)
+
+
+def constant_product(piece, dtype: str) -> tuple[tuple[Load, ...], float] | None:
+    """(its loads, the constant) for a GatherPiece read unconditionally as a constant times loads
+    of `dtype` (a point adds those once per product of loads); else None."""
+    product = None if piece.loops or any(piece.guards) else factors(piece.value)
+    if product is None or not all(x.dtype == dtype for x in product[0]):
+        return None
+    return tuple(sorted(product[0], key=show)), product[1]
+
+
+def describe(c) -> Comment:
+    """A comment naming contribution `c` (a Gather or a Fallback): its form, scatter and source."""
+    s = c.scatter
+    return Comment(f"{c.form}: adj_{s.buffer}[{', '.join(map(show, s.index))}] += {show(s.value)}"
+                   + (f"  ({s.loc})" if s.loc else ""))

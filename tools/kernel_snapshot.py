@@ -22,8 +22,12 @@ the rest of the test suite (slow on a shared machine; pass it with `--tests`).
 
 `--compare A B` lists the kernels that differ, by where they came from, each with a unified diff,
 and exits with status 1 if any differ (`--ignore-line-numbers`: but for the line numbers in
-location comments, which move when a test file is edited). PYTHONHASHSEED is fixed so that two records of the same
-code agree.
+location comments, which move when a test file is edited). PYTHONHASHSEED is fixed so that two
+records of the same code agree. A location comment's checkout is compared as `<root>`, whichever
+it is: a kernel whose text another checkout generated first (the kernel cache keeps it on disk)
+names that checkout's files, `(/work/main/tests/...` where the record ran in another. Only
+comments: the same kernel under two checkouts' comments is two cache entries, because the kernel
+cache keys on the whole text.
 """
 from __future__ import annotations
 
@@ -114,15 +118,20 @@ def load(folder: Path) -> dict[tuple[str, str, str], list[str]]:
 
 
 _LINE = re.compile(r"(\.py):\d+(, in )")
+# a location comment's file under a checkout's root: `# ... (/any/checkout/tests/t.py:3, in f)`
+_CHECKOUT = re.compile(r"(#.*\()/[^\s(),]*?/(?=(?:%s)/[^\s(),]*\.py:\d+, in )"
+                       % "|".join(sorted(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith("."))))
 
 
 def _text(folder: Path, sha: str, lines: bool = True) -> str:
-    """A recorded source, with the checkout it was recorded in (named in `(file:line)` comments)
-    as `<root>`, so that two checkouts' records compare; without `lines`, without the comments'
-    line numbers (a test file edited above a program moves them)."""
+    """A recorded source, with any checkout (named in `(file:line)` comments: the one it was
+    recorded in, or the one whose kernel the cache kept) as `<root>`, so that two checkouts'
+    records compare; without `lines`, without the comments' line numbers (a test file edited
+    above a program moves them)."""
     root = folder / "root.txt"
     text = (folder / f"{sha}.py").read_text()
     text = text.replace(root.read_text(), "<root>") if root.exists() else text
+    text = _CHECKOUT.sub(r"\1<root>/", text)
     return text if lines else _LINE.sub(r"\1:N\2", text)
 
 

@@ -25,6 +25,7 @@ from halide_ad import config
 from halide_ad.ir import (COMPARISONS, INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Range, Select, Var, const, dtype_of,
                           is_float)
 from halide_ad.runtime.contract import factors
+from halide_ad.runtime.schedule.driver import decision, said_split
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.affine import Affine, linear_form
 from halide_ad.solver.bounds import interval, is_data_dependent
@@ -66,6 +67,7 @@ class Separable:
     cols: tuple[tuple[int, float], ...]
 
 
+@decision(said_split)
 def interior(new_vars: tuple[Var, ...], shape: tuple[int, ...], gathers: list[Gather]) -> Split | None:
     """How to split the loop nest, or None when neither a box nor phases would help.
 

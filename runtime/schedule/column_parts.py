@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from halide_ad import config
 from halide_ad.ir import Const, Load, Var, adjoint_name
 from halide_ad.runtime.schedule.boundary import piece_exprs
+from halide_ad.runtime.schedule.driver import decision
 from halide_ad.runtime.schedule.rfactor import MAX_PARTS
 from halide_ad.runtime.schedule.rows import gathers_by_rows
 from halide_ad.traverse import substitute, walk
@@ -46,6 +47,7 @@ def row_blocks(rows: int) -> Blocks | None:
     return None if count is None else Blocks(count, rows // count)
 
 
+@decision()
 def column_parts(computed, gathers, group: range, depth: int) -> int:
     """How many adjoints of `computed` right after the row group `group` (adjoints over `depth`
     leading dimensions) fold into it (see the module's doc): 1-D adjoints, not seeded, that

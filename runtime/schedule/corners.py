@@ -11,9 +11,11 @@ from __future__ import annotations
 from halide_ad.ir import INDEX_DTYPE, Const, Load, Op, Var, dtype_of
 from halide_ad.runtime.contract import factors
 from halide_ad.runtime.loops import Accumulate, Block, Chain, Element, For, Kind, Let, Local, Point, Table, block, walk
+from halide_ad.runtime.schedule.driver import decision, said
 from halide_ad.solver.bounds import checked_at_run_time
 
 
+@decision(lambda points: "; ".join([f"{len(points)} point(s)", *(said(region) for region, _ in points)]))
 def points_to_table(regions, dims, staged) -> list:
     """(region, its taps) for the regions among `regions` (Split.outside's (box, gathers) pairs)
     that are single points in `dims` and whose gathers are only constant times loads of one buffer

@@ -13,18 +13,21 @@ import collections
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Expr, Load, Reduce, Var
 from halide_ad.runtime.loops import Hoisted, Let, Local, Row, Stmt, block, map_exprs
+from halide_ad.runtime.schedule.driver import decision, said
 from halide_ad.solver.bounds import checked_at_run_time, interval
 from halide_ad.traverse import map_children, walk
 
 
+@decision(lambda chosen: f"loads {said(chosen[1])}, indices {said(chosen[0])}")
 def loads_to_hoist(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str, tuple[int, ...]],
                    written: str) -> tuple[list[Bin], list[Load]]:
     """(the indices computed once, the loads read once) for an iteration of a loop nest over
-    `ranges` (inclusive, per loop variable) running `gathers`: every load of their pieces that
-    depends only on the loop variables (none of a piece's window, nor of a reduction nested in
-    it), reads a buffer other than the one `written`, and is in range for all of them (`shapes`),
-    so that reading it even where a guard fails is safe; and the compound indices that two or
-    more of those share."""
+    `ranges` (inclusive, per loop variable bound at or outside the point the loads are read at)
+    running `gathers`: every load of their pieces that depends only on those variables (none of
+    a loop inside that point, of a piece's window, nor of a reduction nested in it: each changes
+    within the iteration), reads a buffer other than the one `written`, and is in range for all
+    of them (`shapes`), so that reading it even where a guard fails is safe; and the compound
+    indices that two or more of those share."""
     chosen: dict[Load, None] = {}
     for g in gathers:
         for piece in g.pieces:
@@ -33,7 +36,8 @@ def loads_to_hoist(gathers, ranges: dict[Var, tuple[int, int]], shapes: dict[str
                                                         for r in n.rvars}
                 for n in walk(e):
                     if (isinstance(n, Load) and n not in chosen and n.buffer != written and n.index
-                            and not any(isinstance(m, Var) and m in inner for i in n.index for m in walk(i))
+                            and not any(isinstance(m, Var) and (m in inner or m not in ranges)
+                                        for i in n.index for m in walk(i))
                             and all(_within(i, shapes[n.buffer][d], ranges) for d, i in enumerate(n.index))):
                         chosen[n] = None
     shared = collections.Counter(i for n in chosen for i in dict.fromkeys(n.index) if isinstance(i, Bin))

@@ -15,9 +15,11 @@ from __future__ import annotations
 from halide_ad.ir import Bin, Const, Expr, Func, Load, Op, Reduce, Select
 from halide_ad.solver import Gather, GatherPiece
 from halide_ad.runtime.schedule.boundary import Split, interior
+from halide_ad.runtime.schedule.driver import decision, said_split
 from halide_ad.traverse import free_vars, walk
 
 
+@decision(said_split)
 def pointwise_split(f: Func) -> Split | None:
     """The Split that runs pointwise `f` in phases or around an interior box, or None where there
     is neither to run, or a phase's or region's definition would still need a guard or a loop."""

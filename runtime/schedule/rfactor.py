@@ -8,12 +8,14 @@ from dataclasses import replace
 
 from halide_ad.ir import INDEX_DTYPE, Bin, Cast, Const, Func, Load, Op, Range, Reduce, Var, dtype_of, is_float
 from halide_ad.runtime import lower
+from halide_ad.runtime.schedule.driver import decision
 from halide_ad.runtime.schedule.parallel import parallel_dim, parallel_min_points
 from halide_ad.traverse import simplify, substitute, walk
 
 MAX_PARTS = 16  # partial results of a reduction to one point
 
 
+@decision(lambda funcs: "none" if funcs is None else f"{funcs[0].name} in parts, summed into {funcs[1].name}")
 def split_reduction(f: Func, taken: set[str]) -> tuple[Func, Func] | None:
     """A long sum or product to one point (a loss) as partial results over MAX_PARTS or fewer
     equal chunks of its first reduction variable whose extent they divide, a Func of their own

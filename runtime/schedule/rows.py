@@ -18,6 +18,7 @@ from halide_ad import config
 from halide_ad.ir import Expr, Load, Reduce, Var
 from halide_ad.runtime.loops import Accumulate, Allocate, Element, For, If, Kind, Let, Local, Stmt, Store, block
 from halide_ad.runtime.schedule.accumulate import unit_stride
+from halide_ad.runtime.schedule.driver import decision
 from halide_ad.runtime.schedule.parallel import parallel_min_points, perfect_loops
 from halide_ad.traverse import free_vars, walk
 
@@ -84,6 +85,7 @@ def _walks_rows(last: For, chain: list[For], step: Accumulate) -> bool:
             and not any(n.index and free_vars(n.index[-1]) & rvars for n in walk(step.value) if isinstance(n, Load)))
 
 
+@decision()
 def gathers_by_rows(vars_, shape, gathers) -> bool:
     """Whether an adjoint's windows run with its last variable's loop innermost
     (`gathers.emit_row_gathers`): the windows' reads walk memory with that variable, none with a
@@ -103,10 +105,11 @@ def gathers_by_rows(vars_, shape, gathers) -> bool:
         for p in windows for n in walk(p.value) if isinstance(n, Load))
 
 
+@decision()
 def taps_by_rows(var: Var, gathers, written: str) -> bool:
     """Whether an interior box's gathers run a row of `var` (the adjoint's last variable) at a
     time, each window's loops outside the loop over the row, adding into the row
-    (`gathers.tap_rows`): some window reads memory with `var`, and no piece has a guard, a loop
+    (the `tap_rows` pass): some window reads memory with `var`, and no piece has a guard, a loop
     proved to run once, a window bound that moves with `var`, a reduction inside, or a read of
     `written`. Each point adds its terms in the same order, so the bits do not change; point by
     point, a convolution's input gradient (72 taps) summed one scalar chain that LLVM left
@@ -132,6 +135,7 @@ COLUMN_BLOCK = 1024
 COLUMN_BLOCKS = 16  # the most blocks it splits into (parallel_for hands them to the threads)
 
 
+@decision()
 def column_blocks(shape: tuple[int, ...], terms: float) -> int | None:
     """How many blocks of columns a 1-D adjoint run a row at a time splits into, to run in
     parallel; None for serial (short, or not 1-D: those run in parallel over their rows). Each

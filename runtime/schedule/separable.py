@@ -9,6 +9,7 @@ from halide_ad.affine import Affine
 from halide_ad.ir import INDEX_DTYPE, Const, Expr, Op, Var
 from halide_ad.runtime.loops import (Allocate, Block, Chain, Comment, Element, For, IfElse, Kind, Let, Point, Stmt,
                                      block, weighted_sums)
+from halide_ad.runtime.schedule.driver import decision
 
 MAX_SEPARABLE_TEMP = 1 << 18  # elements of a separable window's ring of rows: its rows stay in cache
 
@@ -20,6 +21,7 @@ def ring_rows(sep) -> int:
     return 1 << (max(offsets) - min(offsets)).bit_length()
 
 
+@decision()
 def separable_window(split, shape: tuple[int, ...], first: int, par: int | None) -> bool:
     """Whether the box's last two dimensions (i, j) run as the split's separable window's two
     passes: it has one, the box's loops start at or before i (`first`), neither i nor j is the

@@ -1,4 +1,5 @@
-"""outside_box: a plain gather loop nest run only at the points outside an interior box that has no
+"""outside_box: a plain gather loop nest (around a Point of the general gathers, which
+`gathers.expand_points` builds after) run only at the points outside an interior box that has no
 regions around it (schedule/boundary.py found the box, but no specialized regions): the loop over
 the box's last dimension runs the spans below and above the box where the enclosing loops are
 inside it, else its whole extent (`loops.Spans`). The box's own nest runs after, specialized.

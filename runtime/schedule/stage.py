@@ -15,6 +15,7 @@ from halide_ad.affine import linear_form
 from halide_ad.ir import Load, Var, adjoint_name
 from halide_ad.solver.bounds import checked_at_run_time
 from halide_ad.runtime.schedule.boundary import Box, Split, cut_dims, piece_exprs
+from halide_ad.runtime.schedule.driver import decision
 from halide_ad.runtime.schedule.parallel import parallel_dim
 from halide_ad.runtime.schedule.rows import gathers_by_rows
 from halide_ad.traverse import walk
@@ -22,6 +23,7 @@ from halide_ad.traverse import walk
 MAX_STAGE = 1 << 18  # elements of a staged adjoint's plane, per thread: L2-sized
 
 
+@decision()
 def stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> int:
     """How many leading dimensions adjoint k and the next one of `computed` (AdjointPlans, each
     with its Split and its Gathers at the same position of `splits` and `gathers`) can loop over
@@ -46,6 +48,7 @@ def stage_depth(computed, splits, gathers, k: int, private: frozenset[str]) -> i
     return depth
 
 
+@decision(lambda group: f"{group[0]} adjoint(s) over {group[1]} dimension(s)")
 def row_group(computed, splits, gathers, terms, k: int, private: frozenset[str]) -> tuple[int, int]:
     """(n, depth): adjoints k, ..., k + n - 1 of `computed` run in one loop nest over their
     leading `depth` dimensions, the last of them the parallel one, each iteration computing a
@@ -104,6 +107,7 @@ def _at_own_planes(loads: list[Load], plan, depth: int) -> bool:
                for n in loads)
 
 
+@decision()
 def read_box(producer, consumer, gathers, depth: int) -> Box | None:
     """The part of a staged producer's plane that the consumer's `gathers` read, as inclusive
     ranges of the producer's variables past `depth`, where each read's index there is one of the

@@ -1,7 +1,8 @@
 """phases: a gather loop nest's box over a strided dimension (boundary.py's `Split.phased`) run
 in phases: the loop over j as a loop over q, j = stride*q + p, whose iteration runs each phase p
 with its own gathers (`Split.phases`, written in the q's), the loads the phases share read once
-at its top (`loads_to_hoist`; not where HALIDE_AD_SKIP names hoist_loads).
+at its top (`loads_to_hoist`: none that a loop inside the phases changes; not where
+HALIDE_AD_SKIP names hoist_loads).
 
 j is not assigned (a variable set twice per iteration slows numba): a phase's Point stores at
 `at` (j's value), and the edge columns inside its row (`edge_columns`) read j under a name of
@@ -19,15 +20,16 @@ from halide_ad.runtime.loops import Block, Comment, For, Let, Point, Stmt, block
 from halide_ad.runtime.schedule.hoist import hoist, loads_to_hoist
 
 
-def phases(s: Stmt, split, names: tuple[tuple[str, str], ...], ranges: dict[Var, tuple[int, int]],
+def phases(s: Stmt, split, names: dict[Var, str], ranges: dict[Var, tuple[int, int]],
            shapes: dict[str, tuple[int, ...]], written: str) -> Stmt:
     """`s`, a gather loop nest's box (its plain loops around a Point of the box's gathers, the
-    edge columns beside its last loop) with each loop over a phased dimension of `split` (named
-    `names[k][0]`, its q `names[k][1]`) run in phases, each phase's Point of that phase's gathers
-    stored at its j (`Point.at`), reading the loads its phases share (`Point.reads`), and each
-    column's Points reading the phased rows' aliases. `ranges`: the box's inclusive ranges of
-    the gather and phase variables (`box_ranges`); the phases write `written`."""
-    loop = {v: k for k, (v, _) in enumerate(names)}
+    edge columns beside its last loop) with each loop over a phased dimension of `split` run in
+    phases, each phase's Point of that phase's gathers stored at its j (`Point.at`), reading the
+    loads its phases share (`Point.reads`: not those of a loop inside the phases), and each
+    column's Points reading the phased rows' aliases. `names`: the loops' names of the box's
+    variables and of the phase variables; `ranges`: the box's inclusive ranges of them
+    (`box_ranges`); the phases write `written`."""
+    loop = {names[v]: k for k, v in enumerate(split.phased)}
 
     def phased(s: Stmt, combo: tuple[int, ...], at: dict[Var, Expr], env: dict) -> Stmt:
         match s:
@@ -36,11 +38,14 @@ def phases(s: Stmt, split, names: tuple[tuple[str, str], ...], ranges: dict[Var,
                                reads=tuple(env.items()))
             case For(var=v) if v in loop:
                 k = loop[v]
-                j, stride, q, q_name = split.phased[k], split.strides[k], split.phase_vars[k], names[k][1]
+                j, stride, q = split.phased[k], split.strides[k], split.phase_vars[k]
+                q_name = names[q]
                 out: list[Stmt] = []
-                if k == len(names) - 1 and not config.skipped("hoist_loads"):
+                if k == len(loop) - 1 and not config.skipped("hoist_loads"):
+                    inside = {n.var for n in walk(s.body) if isinstance(n, For)}  # (loops that change the loads)
+                    bound = {v: r for v, r in ranges.items() if names.get(v) not in inside}
                     lets, env = hoist(*loads_to_hoist([g for p in range(stride) for g in split.phases[combo + (p,)]],
-                                                      ranges, shapes, written))
+                                                      bound, shapes, written))
                     out += lets
                 for p in range(stride):
                     out.append(Comment(f"phase {p} of {stride}: {v} = {stride} * {q_name} + {p}"))

@@ -6,7 +6,8 @@ import pytest
 from halide_ad.ir import Adjoint, Bin, Const, Load, Op, Range, Reduce, Scatter, Var
 from halide_ad.runtime import emit
 from halide_ad.runtime.emit import Emitter
-from halide_ad.runtime.gathers import lift_reductions, product, row_gathers
+from halide_ad.runtime.gathers import lift_reductions, row_gathers
+from halide_ad.runtime.lower import product
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Element, For, If, Kind, Local, Store, loops, show,
                                      walk, weighted_sums)
 from halide_ad.runtime.plans import AdjointPlan

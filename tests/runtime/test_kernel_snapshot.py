@@ -41,6 +41,19 @@ def test_compare_ignores_the_checkout_and_on_request_line_numbers(tmp_path, monk
     assert "* other / forward of f / forward: 0 kernel(s) before, 1 after" in capsys.readouterr().out
 
 
+def test_compare_ignores_another_checkouts_root_in_comments_only(tmp_path, monkeypatch):
+    """A kernel the cache kept from another checkout names that checkout's files: the same kernel.
+    A path outside a comment is code: a difference."""
+    _record(tmp_path / "a", "/one", [("case", "    # f  (/main/tests/t.py:3, in f)\nx = '/main/tests/t.py:3, in '\n")],
+            monkeypatch)
+    _record(tmp_path / "b", "/two", [("case", "    # f  (/wt/x/tests/t.py:3, in f)\nx = '/main/tests/t.py:3, in '\n")],
+            monkeypatch)
+    _record(tmp_path / "c", "/two", [("case", "    # f  (/two/tests/t.py:3, in f)\nx = '/wt/x/tests/t.py:3, in '\n")],
+            monkeypatch)
+    assert snapshot.compare(tmp_path / "a", tmp_path / "b") == 0
+    assert snapshot.compare(tmp_path / "a", tmp_path / "c") == 1
+
+
 def test_nothing_is_recorded_without_the_setting(tmp_path, monkeypatch):
     monkeypatch.delenv("HALIDE_AD_KERNEL_SNAPSHOT", raising=False)
     monkeypatch.chdir(tmp_path)

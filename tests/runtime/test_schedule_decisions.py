@@ -120,7 +120,7 @@ def test_gathers_run_by_rows_when_their_windows_walk_the_last_dimension():
 
 
 def test_taps_run_by_rows_when_a_window_walks_the_last_dimension(monkeypatch):
-    """The decision of `gathers.tap_rows`: a window's reads step with j (even as they move with
+    """The decision of the `tap_rows` pass: a window's reads step with j (even as they move with
     the window); no guard, no bound that moves with j, no reduction inside, no read of the
     adjoint written."""
     shifted = _gather(_piece(_times(_x(Bin(Op.SUB, j, r)), _x(r, buffer="w")), loops=[Range(r, 0, 3)]))
@@ -227,3 +227,21 @@ def test_thin_regions_run_serially_and_the_box_ranges_name_the_phase_variables(m
     q = Var("q")
     split = Split(box={i: (1, 14), j: (2, 13)}, inside=[], phased=(j,), strides=(2,), phase_vars=(q,))
     assert box_ranges((n, i, j), (4, 16, 16), split) == {n: (0, 3), i: (1, 14), j: (2, 13), q: (1, 6)}
+
+
+def test_a_dump_prints_what_each_decision_decided_a_line_per_call(monkeypatch, capsys):
+    """HALIDE_AD_DUMP names decisions as it names passes (`schedule.decision`)."""
+    monkeypatch.setenv("HALIDE_AD_DUMP", "interior,pointwise_split,taps_by_rows,loads_to_hoist,column_blocks")
+    half = Bin(Op.FLOORDIV, j, Const(2, INDEX_DTYPE))
+    pointwise_split(Func("up", (i, j), (4, 16), Load("x", (i, half), "float32"), "float32"))
+    shifted = _gather(_piece(_times(_x(Bin(Op.SUB, j, r)), _x(r, buffer="w")), loops=[Range(r, 0, 3)]))
+    taps_by_rows(j, [shifted], "adj_x")
+    taps_by_rows(j, [_gather(_piece(_x(j)))], "adj_x")
+    loads_to_hoist([_gather(_piece(_times(_x(_plus(j, 1)), _x(_plus(j, 1), buffer="y"))))], {j: (0, 8)},
+                   {"x": (10,), "y": (10,)}, "adj_x")
+    separable_window(Split(box={}, inside=[]), (8, 64, 64), first=1, par=0)  # not named: not printed
+    assert capsys.readouterr().out.splitlines() == [
+        "# interior: box i 0..3, j 0..15; 0 region(s) around it; (j) in phases of (2)",
+        "# pointwise_split: box i 0..3, j 0..15; 0 region(s) around it; (j) in phases of (2)",
+        "# taps_by_rows: yes", "# taps_by_rows: no",
+        "# loads_to_hoist: loads (y[j + 1], x[j + 1]), indices (j + 1)"]

@@ -185,6 +185,9 @@ def test_outside_box_runs_the_loop_over_the_boxs_last_dimension_around_it():
     out = outside_box(plain, "j", (2, 13), (("i", 1, 2),))
     assert out == For("i", 0, 4, Kind.PARALLEL, block(Spans("j", (2, 14), 16, (("i", 1, 2),), body)))
     assert outside_box(plain, "k", (2, 13), ()) == plain  # no loop over it: nothing to do
+    # the plain nest around a Point of the general gathers: each point built inside the spans
+    points = For("i", 0, 4, Kind.PARALLEL, block(For("j", 0, 16, Kind.SERIAL, block(Point(("the gathers",))))))
+    assert expand_points(outside_box(points, "j", (2, 13), (("i", 1, 2),)), lambda p: body) == out
 
 
 def _every_other(img):
@@ -304,7 +307,7 @@ def test_phases_run_each_phase_at_its_index_reading_the_loads_the_phases_share()
                                                for pi in (0, 1) for pj in (0, 1)})
     column = For("j", 0, 2, Kind.SERIAL, block(Point(("column",), region=((i, (0, 7)), (j, (0, 1))))))
     box = For("i", 0, 8, Kind.SERIAL, Block((column, For("j", 2, 8, Kind.SERIAL, block(Point(tuple(split.inside)))))))
-    names = (("i", "qi"), ("j", "qj"))
+    names = {i: "i", j: "j", qi: "qi", qj: "qj"}
     out = phases(box, split, names, box_ranges((i, j), (8, 8), split), {"x": (8, 8), "d": (8, 8)}, "d")
     assert (out.var, out.lo, out.hi) == ("qi", 0, 4)
     comments = [s.text for s in out.body.body if isinstance(s, Comment)]
@@ -322,6 +325,24 @@ def test_phases_run_each_phase_at_its_index_reading_the_loads_the_phases_share()
             assert point.gathers == tuple(split.phases[(pi, pj)])
             assert dict(point.at)[j] == Bin(Op.ADD, Bin(Op.MUL, Const(2, INDEX_DTYPE), qj), Const(pj, INDEX_DTYPE))
             assert dict(point.at)[i] == alias.value and point.reads == points[0].reads
+
+
+def test_phases_hoist_no_load_that_a_loop_inside_them_changes():
+    """j phased (j = 2*q + p) outside a loop over k: the iteration of q reads x[i, q] once, at its
+    top, but not x[q, k], which changes with k inside it."""
+    k, q = Var("k"), Var("q")
+    at_k = as_gather(Func("d", (i, q, k), (8, 4, 4), Bin(Op.ADD, _x(i, q), _x(q, k)), "float32"))
+    split = Split(box={i: (0, 7), j: (0, 7)}, inside=[at_k], phased=(j,), strides=(2,), phase_vars=(q,),
+                  phases={(0,): [at_k], (1,): [at_k]})
+    box = For("i", 0, 8, Kind.SERIAL, block(For("j", 0, 8, Kind.SERIAL, block(
+        For("k", 0, 4, Kind.SERIAL, block(Point(tuple(split.inside))))))))
+    ranges = box_ranges((i, j, k), (8, 8, 4), split)
+    out = phases(box, split, {i: "i", j: "j", k: "k", q: "q"}, ranges, {"x": (8, 8), "d": (8, 8, 4)}, "d")
+    (q_loop,) = out.body.body
+    hoisted = [s.value for s in q_loop.body.body if isinstance(s, Let)]
+    assert hoisted == [_x(i, q)]
+    local = Hoisted("h0", "float32", _x(i, q))
+    assert [p.reads for p in walk(q_loop) if isinstance(p, Point)] == [((_x(i, q), local),)] * 2
 
 
 def _avgpool3s2(img):

@@ -1,9 +1,11 @@
-"""An interior box's windows a row at a time, the window's loops outside the row's
-(`schedule.rows.taps_by_rows`, `gathers.tap_rows`); a staged plane computed only where it is read
-(`schedule.stage.read_box`).
+"""An interior box's windows a row at a time, the window's loops outside the row's (the pass
+`schedule.tap_rows.tap_rows`, as `schedule.rows.taps_by_rows` decides); a staged plane computed
+only where it is read (`schedule.stage.read_box`).
 
 Each point adds its terms in the same order either way: the gradients with and without
 HALIDE_AD_SKIP=taps_by_rows (read_box) must be the same bytes, and PyTorch's values."""
+from __future__ import annotations
+
 import re
 
 import numpy as np
@@ -13,6 +15,11 @@ import torch.nn.functional as F
 
 import halide_ad as hd
 import halide_ad.ops as ops
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Range, Scatter, Var
+from halide_ad.runtime import lower, schedule
+from halide_ad.runtime.loops import Accumulate, For, Kind, Point, block
+from halide_ad.runtime.schedule.tap_rows import tap_rows
+from halide_ad.solver import Gather, GatherPiece
 
 # a row loop over the last output variable inside a window's two loops: `for j3 in range(2, ...)`
 # directly under `for r_2 ...`
@@ -35,6 +42,40 @@ def torch_layer(x, w, b):
 
 def torch_valid_conv(x, w):
     return F.conv2d(x, w)
+
+
+i, j, r = Var("i"), Var("j"), Var("r")
+
+
+def _box_of(*pieces: GatherPiece):
+    """A box's nest over rows 1..4 and columns 1..6 around a Point of one gather of `pieces` (the
+    loops named as the emitter names them), and that gather."""
+    value = Bin(Op.MUL, Load("dy", (i, j), "float32"), Load("w", (r,), "float32"))
+    gather = Gather(Scatter("x", (i, Bin(Op.ADD, j, r)), value, (Range(r, 0, 3),)), (i, j), pieces)
+    return For("i", 1, 5, Kind.PARALLEL, block(For("j", 1, 7, Kind.SERIAL, block(Point((gather,)))))), gather
+
+
+def test_tap_rows_runs_the_boxs_last_loop_a_row_at_a_time(monkeypatch, capsys):
+    """The row's first terms (2 * x[i, j]) as a Point of terms, then the window's loop around the
+    row's, each tap added into the adjoint's row; a guarded piece declines; a skip leaves it."""
+    shifted = Load("dy", (i, Bin(Op.SUB, j, r)), "float32")
+    window = GatherPiece((Range(r, 0, 3),), ((), ()), Bin(Op.MUL, shifted, Load("w", (r,), "float32")), ())
+    plain = GatherPiece((), ((),), Bin(Op.MUL, Const(2.0, "float32"), Load("x", (i, j), "float32")), ())
+    box, gather = _box_of(plain, window)
+    target = Load("adj_x", (i, j), "float32")
+    rows = For("i", 1, 5, Kind.PARALLEL, block(
+        For(j, 1, 7, Kind.SERIAL, block(Point(terms=((Load("x", (i, j), "float32"), 2.0),), terms_dtype="float32"))),
+        lower.describe(gather),
+        For(r, 0, 3, Kind.SERIAL, block(For(j, 1, 7, Kind.SERIAL, block(Accumulate(target, window.value,
+                                                                                   augmented=True)))))))
+    assert tap_rows(box, j, (i, j), "adj_x", "float32") == rows
+    guarded = GatherPiece((Range(r, 0, 3),), ((), (Bin(Op.LT, r, Const(2, INDEX_DTYPE)),)), window.value, ())
+    declined, _ = _box_of(plain, guarded)
+    assert tap_rows(declined, j, (i, j), "adj_x", "float32") == declined
+    monkeypatch.setenv("HALIDE_AD_SKIP", "tap_rows")
+    monkeypatch.setenv("HALIDE_AD_DUMP", "tap_rows")
+    assert schedule.run(tap_rows, box, j, (i, j), "adj_x", "float32") == box
+    assert "# after tap_rows (skipped)" in capsys.readouterr().out
 
 
 CASES = {"layer": (layer, torch_layer, 3), "valid": (valid_conv, torch_valid_conv, 2)}
