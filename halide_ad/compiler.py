@@ -46,9 +46,12 @@ def _dump(stage: str, text: str) -> None:
         print(text)
 
 
-def _numba_step(source: str, params: list[str], checks: list[str], entry: str, title: str) -> NumbaStep:
+def _numba_step(source: str, params: list[str], checks: list[str], entry: str, title: str,
+                shapes: dict[str, tuple[int, ...]]) -> NumbaStep:
+    """The step, its kernel shared with other sizes of the program where one serves (by the
+    `shapes` of its buffers: runtime/extents.py)."""
     _dump("source", source)
-    return NumbaStep(compile_kernel(source, entry, title), params, checks)
+    return NumbaStep(compile_kernel(source, entry, title, shapes), params, checks)
 
 
 def _shapes(program: Program) -> dict[str, tuple[int, ...]]:
@@ -80,7 +83,7 @@ def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
             read_after = {n.buffer for f in program.funcs if f not in segment for n in walk(f.body) if isinstance(n, Load)}
             local = frozenset(f.name for f in segment if f.name not in stored and f.name not in read_after)
             source, params, checks = emit_forward(program, tuple(segment), entry, local)
-            steps.append(_numba_step(source, params, checks, entry, f"forward of {program.name}"))
+            steps.append(_numba_step(source, params, checks, entry, f"forward of {program.name}", shapes))
             sources.append(source)
             segment.clear()
 
@@ -199,6 +202,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
     named = {b.name for b in program.inputs} | {f.name for f in program.funcs}
     temporaries = tuple((adjoint_name(p.adjoint.buffer), p.adjoint.shape)  # products per tap (`_tap_product`)
                         for p in plans if p.adjoint.buffer not in named)
+    shapes = _shapes(program) | dict(temporaries)
     steps, sources, segment, scratch = [], [], [], []
 
     def flush(optional: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -215,7 +219,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
             source, params, checks, own, left = disk_cache.cached(
                 key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
             scratch.extend(own)
-            steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
+            steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}", shapes))
             sources.append(source)
         segment.clear()
         return left
@@ -226,7 +230,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
             flush()
             entry = f"backward{len(sources)}"
             source, params, checks = emit_reverse_scan(plan.adjoint.scan, _shapes(program), entry)
-            steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}"))
+            steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}", shapes))
             sources.append(source)
             continue
         blas = tuple(c for c in plan.contributions if isinstance(c, Contraction))

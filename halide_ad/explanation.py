@@ -34,6 +34,8 @@ class Explanation:
     tiers: tuple[str, ...] = ()  # which tier ran each pass (halide_ad/tiered.py)
     rungs: dict[str, str] = field(default_factory=dict)  # update definitions: how each runs, and why
     refused: str | None = None  # why no gradient exists (NotDifferentiableError's message)
+    forward_extents: tuple[str, ...] | None = None  # what a kernel shared across sizes reads (Kernel.extents)
+    backward_extents: tuple[str, ...] | None = None
 
     def forms(self, buffer: str | None = None) -> list[str]:
         return [c.form for c in self.contributions if buffer is None or c.buffer == buffer]
@@ -55,10 +57,18 @@ class Explanation:
             if c.reason:
                 lines.append(f"      kept as a scatter: {c.reason}")
         lines += ["", "-- tiers", *(f"  {t}" for t in self.tiers)]
-        lines += ["", "-- forward kernel", self.forward_source, "-- gradient kernel", self.backward_source]
+        lines += ["", "-- forward kernel" + _shared(self.forward_extents), self.forward_source,
+                  "-- gradient kernel" + _shared(self.backward_extents), self.backward_source]
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _shared(reads: tuple[str, ...] | None) -> str:
+    if reads is None:
+        return ""
+    return (" (shared with other sizes of this program" +
+            (f": reads {', '.join(reads)} at run time)" if reads else ")"))
 
 
 def explain(fn, *args, **kwargs) -> Explanation:
@@ -75,7 +85,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
     except NotDifferentiableError as e:
         if not rungs:
             raise
-        return Explanation(traced.program, (), forward.source, "", rungs=rungs, refused=e.bare_message)
+        return Explanation(traced.program, (), forward.source, "", rungs=rungs, refused=e.bare_message,
+                           forward_extents=forward.extents())
     contributions = []
     stored = kernel.buffers()
     for plan in plans:
@@ -102,7 +113,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
     fused = tuple(f.name for f in traced.program.funcs if f.name not in forward.buffers())
     through = clamps_into_extrema(traced.program)[1]
     return Explanation(traced.program, tuple(contributions), forward.source, kernel.source, fused, through, tiers,
-                       rungs)
+                       rungs, forward_extents=forward.extents(), backward_extents=kernel.extents())
 
 
 def _tiers(traced, wrt: tuple[str, ...]) -> tuple[str, ...]:

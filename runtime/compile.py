@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from halide_ad import __version__, config
-from halide_ad.runtime import lanes, vmath
+from halide_ad.runtime import extents, lanes, vmath
 from halide_ad.runtime.parallel import parallel_for
 
 HEADER = '''\
@@ -93,12 +93,25 @@ def record_source(source: str, entry: str, title: str) -> None:
             fh.write(json.dumps({"context": context, "title": title, "entry": entry, "sha": digest}) + "\n")
 
 
-def compile_kernel(source: str, entry: str, title: str):
+def compile_kernel(source: str, entry: str, title: str, shapes: dict[str, tuple[int, ...]] | None = None):
     """`entry` defined in `source`, with the numba functions it calls compiled on first call, then
-    cached on disk, where a corrupted or stale entry is detected and rebuilt."""
+    cached on disk, where a corrupted or stale entry is detected and rebuilt. Given the `shapes`
+    of the buffers it takes, a kernel that serves this source and other sizes of the same
+    program, reading their extents at run time, where one does (runtime/extents.py)."""
     record_source(source, entry, title)
     if not config.jit_enabled():
         return interpret_kernel(source, entry, title)
+    shared = None if shapes is None else extents.shared(source, shapes)
+    if shared is None:
+        return _load(source, entry, title)
+    if shared.reads:
+        record_source(shared.source, entry, title)
+    kernel = _load(shared.source, entry, title)
+    kernel.extents = shared.reads
+    return kernel
+
+
+def _load(source: str, entry: str, title: str):
     text = HEADER.format(title=title) + source
     digest = hashlib.sha256((_version_salt() + text).encode()).hexdigest()[:24]
     with _lock:
@@ -149,10 +162,11 @@ class _Sealed:
     from a truncated, garbled or half-written one before numba loads it. (An overload loaded
     from the cache needs none: its files were checked against their sums as the module loaded.)"""
 
-    __slots__ = ("_compiles", "_overloads", "_tables", "dispatchers", "entry", "source_path")
+    __slots__ = ("_compiles", "_overloads", "_tables", "dispatchers", "entry", "extents", "source_path")
 
     def __init__(self, entry, dispatchers: list, source_path: str):
         self.entry = entry
+        self.extents = None  # the extents it reads at run time, once it serves several sizes
         self.dispatchers = dispatchers
         self.source_path = source_path
         self._overloads = 0

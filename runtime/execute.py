@@ -100,6 +100,12 @@ class Kernel:
         """The buffers its steps read or write."""
         return self._buffers
 
+    def extents(self) -> tuple[str, ...] | None:
+        """The extents its numba steps read at run time (`x.shape[0]`), where they serve other
+        sizes of the program too (runtime/extents.py); None where every step is this size's own."""
+        shared = [step.fn.extents for step in self.steps if getattr(getattr(step, "fn", None), "extents", None) is not None]
+        return None if not shared else tuple(dict.fromkeys(r for reads in shared for r in reads))
+
     def compiled(self) -> bool:
         """Whether its steps run without compiling first (see `halide_ad/tiered.py`)."""
         return all(getattr(step.fn, "ready", lambda: True)() for step in self.steps if isinstance(step, NumbaStep))

@@ -88,9 +88,9 @@ def test_one_func_from_four_threads_traces_and_compiles_once(monkeypatch):
     compiled = []
     real = compiler.compile_kernel
 
-    def counting(source, entry, title):
+    def counting(source, entry, title, shapes=None):
         compiled.append((title, entry, hashlib.sha256(source.encode()).hexdigest()))
-        return real(source, entry, title)
+        return real(source, entry, title, shapes)
     monkeypatch.setattr(compiler, "compile_kernel", counting)
 
     rng = np.random.default_rng(3)
