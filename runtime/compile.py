@@ -108,7 +108,30 @@ def compile_kernel(source: str, entry: str, title: str, shapes: dict[str, tuple[
         record_source(shared.source, entry, title)
     kernel = _load(shared.source, entry, title)
     kernel.extents = shared.reads
-    return kernel
+    return _OwnOnTypingError(kernel, lambda: _load(source, entry, title)) if shared.reads else kernel
+
+
+class _OwnOnTypingError:
+    """A kernel shared across sizes that, should numba refuse to type one of the extents it reads
+    at run time (a literal numba needs as a constant, as `lanes.scratch`'s length), runs the size's
+    own source instead: a compile of its own, never an error the user's program did not make."""
+
+    __slots__ = ("kernel", "_own")
+
+    def __init__(self, kernel, own):
+        self.kernel, self._own = kernel, own
+
+    def __call__(self, *args):
+        try:
+            return self.kernel(*args)
+        except numba.core.errors.TypingError:
+            if self._own is None:
+                raise
+            self.kernel, self._own = self._own(), None
+            return self.kernel(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
 
 
 def _load(source: str, entry: str, title: str):

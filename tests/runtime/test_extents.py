@@ -47,10 +47,11 @@ def _arguments(case, batch, rng):
 
 
 def _kernels(f, args) -> list:
-    """The numba functions of the plain call's forward and of the gradient by every argument."""
+    """The numba functions of the plain call's forward and of the gradient by every argument (a
+    shared kernel's, inside its fallback to the size's own source)."""
     traced, _ = f.trace(tuple(args), {})
     steps = traced.forward_run(CALL).kernel.steps + traced.backward(traced.float_args).kernel.steps
-    return [s.fn for s in steps if isinstance(s, NumbaStep)]
+    return [getattr(s.fn, "kernel", s.fn) for s in steps if isinstance(s, NumbaStep)]
 
 
 def _run(f, args):
@@ -124,3 +125,18 @@ def test_a_stencil_axis_is_no_batch(rng):
     for shape in ((7, 10), (7, 12)):
         assert all(k.extents is None for k in kernels[shape])
         assert not set(kernels[shape]) & {k for ks in kernels.values() if ks is not kernels[shape] for k in ks}
+
+
+def test_a_shared_kernel_numba_cannot_type_runs_the_sizes_own_source():
+    """An extent read where numba needs a constant (here a heterogeneous tuple's index) fails to
+    type; the call then compiles and runs the size's own source instead of raising."""
+    from halide_ad.runtime.compile import compile_kernel
+    source = "@kernel\ndef pick_extent(x, out):\n    t = (1j, 1j, 4.5, 5.5)\n    out[0] = t[{}] + x[0]\n"
+    first = compile_kernel(source.format(2), "pick_extent", "test", {"x": (2,), "out": (1,)})
+    second = compile_kernel(source.format(3), "pick_extent", "test", {"x": (3,), "out": (1,)})
+    assert second.extents == ("x.shape[0]",)  # shared: it reads x's extent where the literal was
+    out = np.zeros(1)
+    first(np.ones(2), out)
+    assert out[0] == 5.5
+    second(np.ones(3), out)
+    assert out[0] == 6.5 and second.extents is None  # t[3], from its own source
