@@ -14,6 +14,7 @@ generated code's own takes (a parameter called `status` or `np` works).
 """
 from __future__ import annotations
 
+import ast
 import math
 import re
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ def function(em, entry: str, body: Block) -> str:
 
     def helper(kind: str, args: list[str], lines: list[str]) -> str:
         name = f"{entry}_{kind}{len(helpers)}"
+        lines = _bind_indices(args, lines)
         helpers.append(f"@kernel\ndef {name}({', '.join(args)}):\n" + "".join(f"    {line}\n" for line in lines) + "\n\n")
         return name
 
@@ -80,6 +82,39 @@ def function(em, entry: str, body: Block) -> str:
     entry_lines = level(pieces, 1, []) + ["    return None"]
     code = "".join(helpers) + f"def {entry}({', '.join(names)}):\n" + "\n".join(entry_lines) + "\n"
     return _number_literals(em.literals, code)
+
+
+_NONNEG = re.compile(r"\bnonneg\(([A-Za-z_]\w*)\)")
+
+
+def _bind_indices(args: list[str], lines: list[str]) -> list[str]:
+    """`lines`, a function's body, with `nonneg(v)` of a variable v read from `v_nn`, set to
+    nonneg(v) right after each assignment of v: each `nonneg(...)` call is typed and lowered
+    on its own, and a 4-d index inside loops repeats those of the outer loops (the max-pool
+    gradient of tests/ops/test_pool.py called it 450 times). The same value in a local, so the
+    same machine code. A variable assigned otherwise than by `v = ...` or `for v in ...` (a
+    tuple, `+=`) keeps its calls."""
+    names = set(_NONNEG.findall("\n".join(lines)))
+    if not names:
+        return lines
+    tree = ast.parse("def _():\n" + "".join(f"    {line}\n" for line in lines))
+    defs: list[tuple[ast.Name, int, int]] = []  # (v, the line its binding follows, its indent)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+            defs.append((node.target, node.lineno - 2, node.body[0].col_offset - 4))
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            defs.append((node.targets[0], node.end_lineno - 2, node.col_offset - 4))
+    plain = {id(v) for v, _, _ in defs}
+    names &= set(args) | {v.id for v, _, _ in defs}
+    names -= {n.id for n in ast.walk(tree)
+              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and id(n) not in plain}
+    after = {line: " " * indent + f"{v.id}_nn = nonneg({v.id})" for v, line, indent in defs if v.id in names}
+    out = [f"{v}_nn = nonneg({v})" for v in args if v in names]
+    for k, line in enumerate(lines):
+        out.append(_NONNEG.sub(lambda m: f"{m[1]}_nn" if m[1] in names else m[0], line))
+        if k in after:
+            out.append(after[k])
+    return out
 
 
 def _number_literals(literals: dict[str, str], code: str) -> str:
@@ -250,7 +285,7 @@ _RESERVED = {"np", "math", "prange", "njit", "status", "acc", "arg", "val", "che
              "parallel_for", "kernel", "branchless", "vmath", "lanes", "nonneg"}
 # hoisted loads and indices, literals, tables, staged adjoints, temporaries, entries and the
 # functions runtime/emit.py outlines
-_LOCAL = re.compile(r"h\d+|ix\d+|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_(lane\d|terms\d\d)"
+_LOCAL = re.compile(r"h\d+|ix\d+|\w+_nn|f32_\d+|tab_\d+|stage\d+|red\d+|row\d+|window\d+|col\d+(_block)?|(acc|red\d+)_(lane\d|terms\d\d)"
                     r"|(forward|backward)\d*(_[bps]\d+)?")
 
 
@@ -322,7 +357,7 @@ class Emitter:
                 self.checks.append(f"{kind} was {{value}}, outside dimension {d} of {buffer} "
                                    f"(valid: 0..{self.shapes[buffer][d] - 1}), read at {loc_text}. {fix}.")
                 text = f"checked({text}, {self.shapes[buffer][d]}, status, {len(self.checks) - 1})"
-            if not isinstance(e, Const):  # proved or checked >= 0: no wraparound (see vmath.nonneg)
+            if not isinstance(e, Const):  # proved or checked >= 0: no wraparound (see vmath.nonneg, _bind_indices)
                 text = f"nonneg({text})"
             parts.append(text)
         return f"{local}[{', '.join(parts)}]"

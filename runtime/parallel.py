@@ -41,7 +41,8 @@ try:  # numba's internals, for the additions below (`_noalias`, `_lean_cache`, `
     from numba.core.compiler_machinery import PassManager
     from numba.core.runtime import nrt
     from numba.core.untyped_passes import InlineClosureLikes
-except ImportError:  # a later numba moved them: kernels stay correct, and lose only those additions
+    numba.core.types.Function.get_call_type  # noqa: B018 (what `_remembered_call_types` wraps)
+except (ImportError, AttributeError):  # a later numba moved them: kernels stay correct, and lose those additions
     cpu = options = FunctionCache = nrt = CompilerBase = None
 
 CHUNKS_PER_THREAD = 4
@@ -333,10 +334,49 @@ def _lean_cache():
     return LeanCache
 
 
+_call_types: dict = {}  # (function type, typing context, argument types) -> (signature, impl key)
+
+
+class _remembered_call_types:
+    """While a kernel compiles, a numba function type's signature for given argument types comes
+    from the one resolved before, in this kernel or an earlier one: numba resolves `a + b` by
+    trying each of operator.add's templates in turn (the one for arrays runs numpy's ufunc loop
+    search on two ints and turns the result down), formatting an error message for each that
+    does not match, and does it again for every `+` in the function, at every round of its
+    type propagation and once more as it lowers the `+`. A template's answer depends on the
+    argument types alone, and the function type is interned: the same templates give the same
+    signature and implementation, so the machine code is the same (the assembly of every kernel
+    of tests/ops/test_pool.py compared equal at bc05f9b). Only kernels' compiles read it
+    (numba compiles under one lock)."""
+
+    def __enter__(self) -> None:
+        self.resolve = resolve = numba.core.types.Function.get_call_type
+
+        def remembered(fn, context, args, kws):
+            try:
+                key = (fn, context, tuple(args), tuple(sorted(kws.items())))
+                known = _call_types.get(key)
+            except TypeError:  # an unhashable argument type: resolved as numba does
+                return resolve(fn, context, args, kws)
+            if known is None:
+                sig = resolve(fn, context, args, kws)
+                if sig is None:
+                    return None
+                known = _call_types[key] = (sig, fn.get_impl_key(sig))
+            fn._impl_keys[known[0].args] = known[1]  # what `resolve` records for lowering
+            return known[0]
+
+        numba.core.types.Function.get_call_type = remembered
+
+    def __exit__(self, *exc) -> None:
+        numba.core.types.Function.get_call_type = self.resolve
+
+
 def _kernel_pipeline() -> dict:
     """numba's nopython pipeline less the pass that inlines closures, which a generated kernel
     never defines: the pass's scope fix-up costs time that grows with the square of a function's
-    size (~10% of a small conv layer's 340-line gradient)."""
+    size (~10% of a small conv layer's 340-line gradient). Its passes run with
+    `_remembered_call_types`."""
     if CompilerBase is None:
         return {}
 
@@ -348,6 +388,10 @@ def _kernel_pipeline() -> dict:
                     lean.add_pass(pass_class, description)
             lean.finalize()
             return [lean]
+
+        def _compile_core(self):
+            with _remembered_call_types():
+                return super()._compile_core()
 
     return {"pipeline_class": KernelCompiler}
 

@@ -385,6 +385,25 @@ def test_funcs_named_like_generated_locals(dtype):
 
 
 
+def test_an_index_variable_is_made_unsigned_once_after_each_assignment():
+    lines = ["for i in range(0, n):", "    x[nonneg(i), nonneg(k)] = y[nonneg(i)] + y[nonneg((i + 1))]", "    t = 2",
+             "    x[nonneg(t)] = 0", "    a, b = 1, 2", "    x[nonneg(a)] = 0"]
+    assert emit._bind_indices(["k", "n"], lines) == [
+        "k_nn = nonneg(k)", "for i in range(0, n):", "    i_nn = nonneg(i)",
+        "    x[i_nn, k_nn] = y[i_nn] + y[nonneg((i + 1))]", "    t = 2", "    t_nn = nonneg(t)", "    x[t_nn] = 0",
+        "    a, b = 1, 2", "    x[nonneg(a)] = 0"]  # (a tuple's names keep their calls)
+
+
+@hd.func
+def _indices_named_like_their_bindings(x):
+    return hd.compute((4, 5), lambda i, i_nn: x[i, i_nn] * 2.0 + x[3 - i, i_nn])
+
+
+def test_an_index_named_like_another_ones_binding():
+    x = np.arange(20.0).reshape(4, 5)
+    np.testing.assert_array_equal(_indices_named_like_their_bindings(x), x * 2 + x[::-1])
+
+
 @hd.func
 def _edge_and_clamped_window(x):
     r = hd.rdom(3)

@@ -1,6 +1,7 @@
 """Kernels' parallel loops: `parallel_for` runs every iteration once, in contiguous chunks, on
 any thread count; generated kernels use it (not numba's prange pipeline) with noalias arrays."""
 import itertools
+import operator
 import os
 import pathlib
 import subprocess
@@ -13,7 +14,8 @@ import pytest
 import threadpoolctl
 from numba.core.caching import NullCache
 from halide_ad.runtime import parallel
-from halide_ad.runtime.parallel import CHUNKS_PER_THREAD, COARSE, _noalias, copy_all, kernel, matmul, parallel_for
+from halide_ad.runtime.parallel import (CHUNKS_PER_THREAD, COARSE, _call_types, _noalias, copy_all, kernel, matmul,
+                                       parallel_for)
 
 import halide_ad as hd
 from halide_ad import ops
@@ -127,6 +129,25 @@ def test_kernels_compile_without_the_passes_they_never_need():
     assert "nopython_type_inference" in passes
     assert not {"inline_closure_likes", "generic_rewrites", "nopython_rewrites"} & set(passes), passes
     np.testing.assert_array_equal(out, [-1.0, 6.0])
+
+
+def test_kernels_resolve_each_call_type_once():
+    """A kernel's compile takes a `+` of types resolved before from `_call_types` (numba tries
+    every template of operator.add again for each one); numba's own resolution is back after."""
+    resolve = numba.core.types.Function.get_call_type
+
+    @kernel
+    def shifted(x, out):
+        for i in range(x.shape[0]):
+            out[i] = x[i] + 7
+
+    shifted._cache = NullCache()
+    _call_types.clear()
+    x, out = np.arange(3), np.zeros(3, np.int64)
+    shifted(x, out)
+    assert any(fn.typing_key is operator.add for fn, *_ in _call_types)
+    assert numba.core.types.Function.get_call_type is resolve
+    np.testing.assert_array_equal(out, [7, 8, 9])
 
 
 def test_generated_kernels_run_their_loops_through_parallel_for(monkeypatch):

@@ -22,8 +22,8 @@ from halide_ad.runtime.schedule.tap_rows import tap_rows
 from halide_ad.solver import Gather, GatherPiece
 
 # a row loop over the last output variable inside a window's two loops: `for j3 in range(2, ...)`
-# directly under `for r_2 ...`
-ROW_FORM = re.compile(r"for r_2 in range\([^\n]*\n\s+for j3 in range\(")
+# directly under `for r_2 ...` (after r_2's unsigned index, `r_2_nn = nonneg(r_2)`)
+ROW_FORM = re.compile(r"for r_2 in range\([^\n]*\n(\s+r_2_nn = nonneg\(r_2\)\n)?\s+for j3 in range\(")
 
 
 @hd.func
