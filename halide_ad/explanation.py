@@ -65,10 +65,7 @@ class Explanation:
 
 
 def _shared(reads: tuple[str, ...] | None) -> str:
-    if reads is None:
-        return ""
-    return (" (shared with other sizes of this program" +
-            (f": reads {', '.join(reads)} at run time)" if reads else ")"))
+    return "" if reads is None else f" (shared with other sizes of this program: reads {', '.join(reads)} at run time)"
 
 
 def explain(fn, *args, **kwargs) -> Explanation:

@@ -104,11 +104,10 @@ def compile_kernel(source: str, entry: str, title: str, shapes: dict[str, tuple[
     shared = None if shapes is None else extents.shared(source, shapes)
     if shared is None:
         return _load(source, entry, title)
-    if shared.reads:
-        record_source(shared.source, entry, title)
+    record_source(shared.source, entry, title)
     kernel = _load(shared.source, entry, title)
     kernel.extents = shared.reads
-    return _OwnOnTypingError(kernel, lambda: _load(source, entry, title)) if shared.reads else kernel
+    return _OwnOnTypingError(kernel, lambda: _load(source, entry, title))
 
 
 class _OwnOnTypingError:

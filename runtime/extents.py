@@ -45,9 +45,12 @@ class Shared:
     """A kernel's source that reads extents at run time, what it reads (`x.shape[0]`, ...), and
     where: for each integer literal of the sources it serves, None (a constant) or (buffer, axis)."""
     source: str
-    reads: tuple[str, ...]
     marks: tuple[tuple[str, int] | None, ...]
     constants: tuple[int, ...]
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f"{m[0]}.shape[{m[1]}]" for m in self.marks if m is not None))
 
     def serves(self, parsed: _Parsed, shapes: dict[str, tuple[int, ...]]) -> bool:
         """Whether this kernel computes exactly what `parsed`'s source does at `shapes`."""
@@ -111,8 +114,7 @@ def _share(source: str, first: _Parsed, first_shapes: dict, parsed: _Parsed, sha
             row, col = literal.at
             line = lines[row - 1]
             lines[row - 1] = line[:col] + f"{mark[0]}.shape[{mark[1]}]" + line[col + len(str(literal.value)):]
-    reads = tuple(dict.fromkeys(f"{m[0]}.shape[{m[1]}]" for m in marks if m is not None))
-    return Shared("".join(lines), reads, tuple(marks), tuple(lit.value for lit in first.literals))
+    return Shared("".join(lines), tuple(marks), tuple(lit.value for lit in first.literals))
 
 
 def _parse(source: str) -> _Parsed | None:
