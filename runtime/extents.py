@@ -2,8 +2,8 @@
 
 A kernel's source bakes every extent in (`range(0, 4)`, `parallel_for(f, 0, 4000, ...)`), so a
 program called with another batch size generates another source and numba compiles it again:
-seconds, for a layer. Here a source is compared with the one generated before it that has the
-same text but for its integer literals (`_Parsed.key`). Where every literal that differs is, in
+seconds, for a layer. Here a source is compared with the latest one generated before it that has
+the same text but for its integer literals (`_Parsed.key`) and that no shared kernel serves. Where every literal that differs is, in
 both, the extent of one dimension of a buffer its function takes (4 -> 3 where x.shape[0] went
 from 4 to 3), those literals become reads of that extent at run time (`x.shape[0]`), and the
 kernel so written serves the second size and any later one whose source it reproduces exactly:
@@ -67,7 +67,20 @@ class Shared:
 
 
 _lock = threading.Lock()
-_seen: dict[str, tuple[str, _Parsed, dict] | Shared] = {}  # key -> the first source, or the shared kernel
+MAX_KEPT = 4  # per key, shared kernels and unshared sources remembered: programs whose text only their sizes tell apart
+
+
+@dataclass
+class _Kind:
+    """What was generated before with one key, newest first: the kernels shared so far, and the
+    sources that none of them serves. A new size is compared with each of those: sizes of one
+    program follow one another, and another program of the same text (a pooled width where this
+    one has another) shares nothing with them."""
+    shared: list[Shared]
+    unshared: list[tuple[str, _Parsed, dict]]
+
+
+_seen: dict[str, _Kind] = {}
 
 
 def shared(source: str, shapes: dict[str, tuple[int, ...]]) -> Shared | None:
@@ -77,20 +90,24 @@ def shared(source: str, shapes: dict[str, tuple[int, ...]]) -> Shared | None:
     if parsed is None:
         return None
     with _lock:
-        seen = _seen.get(parsed.key)
-        if seen is None:
+        kind = _seen.get(parsed.key)
+        if kind is None:
             if len(_seen) >= MAX_SOURCES:
                 _seen.pop(next(iter(_seen)))
-            _seen[parsed.key] = (source, parsed, dict(shapes))
-            return None
-        if isinstance(seen, Shared):
-            return seen if seen.serves(parsed, shapes) else None
-        if all(a.value == b.value for a, b in zip(seen[1].literals, parsed.literals, strict=True)):
+            kind = _seen[parsed.key] = _Kind([], [])
+        served = next((s for s in kind.shared if s.serves(parsed, shapes)), None)
+        if served is not None:
+            return served
+        if any(all(a.value == b.value for a, b in zip(before[1].literals, parsed.literals, strict=True))
+               for before in kind.unshared):
             return None  # the same kernel (or one whose comments differ): nothing to read at run time
-        made = _share(*seen, parsed, shapes)
-        if made is not None:
-            _seen[parsed.key] = made
-        return made
+        for before in kind.unshared:
+            made = _share(*before, parsed, shapes)
+            if made is not None:
+                kind.shared = [made, *kind.shared[:MAX_KEPT - 1]]
+                return made
+        kind.unshared = [(source, parsed, dict(shapes)), *kind.unshared[:MAX_KEPT - 1]]
+        return None
 
 
 def _share(source: str, first: _Parsed, first_shapes: dict, parsed: _Parsed, shapes: dict) -> Shared | None:

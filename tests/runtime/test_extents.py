@@ -60,8 +60,15 @@ def _run(f, args):
     return out, ct, vjp(ct)
 
 
+@pytest.fixture
+def fresh_sources(monkeypatch):
+    """The process's memory of generated sources, empty: another test's program of the same text
+    (test_tiers' layer at other sizes) would otherwise come first."""
+    monkeypatch.setattr(extents, "_seen", {})
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_batch_sizes_share_kernels(name, rng):
+def test_batch_sizes_share_kernels(name, rng, fresh_sources):
     case, f = CASES[name], FUNCTIONS[name]
     kernels, results = {}, {}
     for batch in (4, 3, 1, 5):
@@ -87,12 +94,9 @@ def test_batch_sizes_share_kernels(name, rng):
     # kernels compiled for batch 5 alone give the same bits
     fresh = hd.func(case[0])
     forget_shared_traces()
-    saved, extents._seen = extents._seen, {}
-    try:
-        alone = _run(fresh, args)
-        assert all(getattr(k, "extents", None) is None for k in _kernels(fresh, args))
-    finally:
-        extents._seen = saved
+    extents._seen.clear()
+    alone = _run(fresh, args)
+    assert all(getattr(k, "extents", None) is None for k in _kernels(fresh, args))
     for a, b in zip(results[5], [alone[0], *alone[2]], strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -140,3 +144,22 @@ def test_a_shared_kernel_numba_cannot_type_runs_the_sizes_own_source():
     assert out[0] == 5.5
     second(np.ones(3), out)
     assert out[0] == 6.5 and second.extents is None  # t[3], from its own source
+
+
+def test_sizes_share_after_a_program_of_the_same_text_that_shares_nothing(fresh_sources):
+    """A program of the same text but for its literals came first, with a literal no extent
+    explains (5 against 3: a pooled width). The sizes after it still share among themselves:
+    each is compared with the latest source that no shared kernel serves."""
+    source = ("def k(x, out):\n    for i in range(0, {}):\n        for j in range(0, {}):\n"
+              "            out[i] = x[i, j] * {}\n")
+    other = source.format(2, 10, 5)
+    assert extents.shared(other, {"x": (2, 10), "out": (2,)}) is None
+    assert extents.shared(source.format(4, 6, 3), {"x": (4, 6), "out": (4,)}) is None  # 5 -> 3: no extent
+    made = extents.shared(source.format(3, 6, 3), {"x": (3, 6), "out": (3,)})
+    assert made is not None and made.reads == ("x.shape[0]",)
+    assert "range(0, x.shape[0])" in made.source and "* 3" in made.source
+    assert extents.shared(source.format(5, 6, 3), {"x": (5, 6), "out": (5,)}) is made
+    assert extents.shared(source.format(5, 6, 4), {"x": (5, 6), "out": (5,)}) is None  # a constant changed
+    # the other program's next size shares with it, and this one's kernel still serves its sizes
+    assert extents.shared(source.format(3, 10, 5), {"x": (3, 10), "out": (3,)}) is not None
+    assert extents.shared(source.format(7, 6, 3), {"x": (7, 6), "out": (7,)}) is made
