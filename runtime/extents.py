@@ -15,14 +15,15 @@ kernel as it was generated, byte for byte.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
-import io
+import re
 import threading
-import tokenize
 from dataclasses import dataclass
 
-_SCRATCH = ["lanes", ".", "scratch", "("]
+# an integer literal: digits that are no part of a name (j0), a float (2.0, .5) or an exponent (1e-05)
+_INTEGER = re.compile(r"(?<![\w.])(?<!\d[eE][+-])(?<!\.[eE][+-])\d+(?![\w.])")
+_SCRATCH = re.compile(r"lanes\s*\.\s*scratch\s*\(\s*$")  # numba needs its length as a constant
+_DEF = re.compile(r"def\s+\w+\s*\(([^()]*)\)\s*:")
 MAX_SOURCES = 512  # sources remembered: a new one beyond drops the oldest
 
 
@@ -135,22 +136,24 @@ def _share(source: str, first: _Parsed, first_shapes: dict, parsed: _Parsed, sha
 
 
 def _parse(source: str) -> _Parsed | None:
-    try:
-        tree = ast.parse(source)
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (SyntaxError, tokenize.TokenError):
-        return None
-    functions = [(f.lineno, f.end_lineno, tuple(a.arg for a in f.args.args))
-                 for f in tree.body if isinstance(f, ast.FunctionDef)]
-    text, literals, before = hashlib.sha256(), [], []
-    for t in tokens:
-        if t.type == tokenize.COMMENT or t.type == tokenize.NL:
+    """The key and the integer literals of a generated source, read line by line (tokenize took
+    1% of the test suite): a kernel's source holds no string, so `#` starts a comment; a
+    top-level `def` line opens a function, any other top-level line closes it. None for a
+    function header this does not read (then nothing is shared)."""
+    text, literals, params = hashlib.sha256(), [], None
+    for row, line in enumerate(source.splitlines(), 1):
+        code = line.split("#", 1)[0].rstrip()
+        if not code:
             continue
-        if t.type == tokenize.NUMBER and t.string.isdigit():
-            params = next((p for lo, hi, p in functions if lo <= t.start[0] <= hi), None)
-            literals.append(_Literal(int(t.string), t.start, params, before[-4:] == _SCRATCH))
-            text.update(b"\0#")
-        else:
-            text.update(b"\0" + t.string.encode())
-        before.append(t.string)
+        if not code[0].isspace():
+            params = None
+            if code.startswith("def"):
+                header = _DEF.fullmatch(code)
+                if header is None:
+                    return None
+                params = tuple(p.strip() for p in header.group(1).split(",") if p.strip())
+        for number in _INTEGER.finditer(code):
+            pinned = _SCRATCH.search(code, 0, number.start()) is not None
+            literals.append(_Literal(int(number.group()), (row, number.start()), params, pinned))
+        text.update(_INTEGER.sub("#", code).encode() + b"\n")
     return _Parsed(text.hexdigest(), tuple(literals))
