@@ -37,13 +37,15 @@ from numba.extending import intrinsic
 try:  # numba's internals, for the additions below (`_noalias`, `_lean_cache`, `_kernel_pipeline`)
     from numba.core import cpu, options
     from numba.core.caching import FunctionCache
+    from numba.core.codegen import CPUCodeLibrary
     from numba.core.compiler import CompilerBase, DefaultPassBuilder
     from numba.core.compiler_machinery import PassManager
     from numba.core.runtime import nrt
     from numba.core.untyped_passes import InlineClosureLikes
     numba.core.types.Function.get_call_type  # noqa: B018 (what `_remembered_call_types` wraps)
+    CPUCodeLibrary._optimize_functions  # noqa: B018 (what `_wrappers_optimized_once` wraps)
 except (ImportError, AttributeError):  # a later numba moved them: kernels stay correct, and lose those additions
-    cpu = options = FunctionCache = nrt = CompilerBase = None
+    cpu = options = FunctionCache = nrt = CompilerBase = CPUCodeLibrary = None
 
 CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
@@ -372,11 +374,34 @@ class _remembered_call_types:
         numba.core.types.Function.get_call_type = self.resolve
 
 
+class _wrappers_optimized_once:
+    """While a kernel compiles, the module of its CPython wrapper (the function that unboxes the
+    arguments a call from Python passes, then calls the kernel) skips LLVM's per-function O3
+    passes as it is added to the kernel's library. The library's module passes run the same
+    pipeline over it again when the library is finalized, so they ran twice; the kernel's own
+    functions keep both. The kernel's machine code is the same (compared for the blur's forward
+    and gradient); only the wrapper's instructions may come out in another order. Wrappers took
+    a fifth of the compile time of tests/updates/test_update_higher_order.py, ~30 ms each."""
+
+    def __enter__(self) -> None:
+        self.optimize = optimize = CPUCodeLibrary._optimize_functions
+
+        def once(library, module):
+            if module.name != "wrapper":  # (numba's name for it: cpu.CPUContext.create_cpython_wrapper)
+                return optimize(library, module)
+            module.data_layout = library._codegen._data_layout
+
+        CPUCodeLibrary._optimize_functions = once
+
+    def __exit__(self, *exc) -> None:
+        CPUCodeLibrary._optimize_functions = self.optimize
+
+
 def _kernel_pipeline() -> dict:
     """numba's nopython pipeline less the pass that inlines closures, which a generated kernel
     never defines: the pass's scope fix-up costs time that grows with the square of a function's
     size (~10% of a small conv layer's 340-line gradient). Its passes run with
-    `_remembered_call_types`."""
+    `_remembered_call_types` and `_wrappers_optimized_once`."""
     if CompilerBase is None:
         return {}
 
@@ -390,7 +415,7 @@ def _kernel_pipeline() -> dict:
             return [lean]
 
         def _compile_core(self):
-            with _remembered_call_types():
+            with _remembered_call_types(), _wrappers_optimized_once():
                 return super()._compile_core()
 
     return {"pipeline_class": KernelCompiler}
