@@ -38,14 +38,16 @@ try:  # numba's internals, for the additions below (`_noalias`, `_lean_cache`, `
     from numba.core import cpu, options
     from numba.core.caching import FunctionCache
     from numba.core.codegen import CPUCodeLibrary
+    from numba.core.typing import typeof as numba_typeof
     from numba.core.compiler import CompilerBase, DefaultPassBuilder
     from numba.core.compiler_machinery import PassManager
     from numba.core.runtime import nrt
     from numba.core.untyped_passes import InlineClosureLikes
     numba.core.types.Function.get_call_type  # noqa: B018 (what `_remembered_call_types` wraps)
     CPUCodeLibrary._optimize_functions  # noqa: B018 (what `_wrappers_optimized_once` wraps)
+    numba.core.errors._termcolor_inst, numba_typeof._termcolor  # noqa: B018 (what `_plain_error_text` swaps)
 except (ImportError, AttributeError):  # a later numba moved them: kernels stay correct, and lose those additions
-    cpu = options = FunctionCache = nrt = CompilerBase = CPUCodeLibrary = None
+    cpu = options = FunctionCache = nrt = CompilerBase = CPUCodeLibrary = numba_typeof = None
 
 CHUNKS_PER_THREAD = 4
 COARSE = 1 << 16  # elements of the arguments per iteration from which a call from Python costs < 5%
@@ -397,11 +399,35 @@ class _wrappers_optimized_once:
         CPUCodeLibrary._optimize_functions = self.optimize
 
 
+class _PlainText:
+    """numba's error highlighting, without colours or terminal set-up (its colour scheme's API)."""
+
+    def code(self, msg):
+        return msg
+
+    errmsg = filename = indicate = highlight = reset = code
+
+
+class _plain_error_text:
+    """While a kernel compiles, numba's error messages are plain text. numba builds one for every
+    global whose type it cannot tell (`np`, `lanes`: modules) and every overload it tries and
+    drops, and catches them all; where colorama is installed, each highlighted message first
+    re-initialised colorama's terminal wrappers (a `isatty` per stream): 2.6% of the test suite's
+    CPU time on a machine with colorama. A message that reaches the user is the same, uncoloured."""
+
+    def __enter__(self) -> None:
+        self.before = numba.core.errors._termcolor_inst, numba_typeof._termcolor
+        numba.core.errors._termcolor_inst = numba_typeof._termcolor = _PlainText()
+
+    def __exit__(self, *exc) -> None:
+        numba.core.errors._termcolor_inst, numba_typeof._termcolor = self.before
+
+
 def _kernel_pipeline() -> dict:
     """numba's nopython pipeline less the pass that inlines closures, which a generated kernel
     never defines: the pass's scope fix-up costs time that grows with the square of a function's
     size (~10% of a small conv layer's 340-line gradient). Its passes run with
-    `_remembered_call_types` and `_wrappers_optimized_once`."""
+    `_remembered_call_types`, `_wrappers_optimized_once` and `_plain_error_text`."""
     if CompilerBase is None:
         return {}
 
@@ -415,7 +441,7 @@ def _kernel_pipeline() -> dict:
             return [lean]
 
         def _compile_core(self):
-            with _remembered_call_types(), _wrappers_optimized_once():
+            with _remembered_call_types(), _wrappers_optimized_once(), _plain_error_text():
                 return super()._compile_core()
 
     return {"pipeline_class": KernelCompiler}
