@@ -60,15 +60,16 @@ def _run(f, args):
     return out, ct, vjp(ct)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fresh_sources(monkeypatch):
-    """The process's memory of generated sources, empty: another test's program of the same text
-    (test_tiers' layer at other sizes) would otherwise come first."""
+    """Each test starts from an empty memory of generated sources: which sizes share depends on
+    what came before, and another test's program of the same text (test_tiers' layer at other
+    sizes) may have come first in this process."""
     monkeypatch.setattr(extents, "_seen", {})
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_batch_sizes_share_kernels(name, rng, fresh_sources):
+def test_batch_sizes_share_kernels(name, rng):
     case, f = CASES[name], FUNCTIONS[name]
     kernels, results = {}, {}
     for batch in (4, 3, 1, 5):
@@ -146,7 +147,7 @@ def test_a_shared_kernel_numba_cannot_type_runs_the_sizes_own_source():
     assert out[0] == 6.5 and second.extents is None  # t[3], from its own source
 
 
-def test_sizes_share_after_a_program_of_the_same_text_that_shares_nothing(fresh_sources):
+def test_sizes_share_after_a_program_of_the_same_text_that_shares_nothing():
     """A program of the same text but for its literals came first, with a literal no extent
     explains (5 against 3: a pooled width). The sizes after it still share among themselves:
     each is compared with the latest source that no shared kernel serves."""
