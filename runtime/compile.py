@@ -268,8 +268,14 @@ def _discard_untrusted_machine_code(kernel: _Sealed, *, forget: bool) -> None:
             expected = json.load(fh)
     except (OSError, ValueError):
         expected = {}
-    if not forget and isinstance(expected, dict) and all(
-            expected.get(f) is not None and expected.get(f) == _sha256(os.path.join(folder, f)) for f in files):
+    if not isinstance(expected, dict):
+        expected = {}
+    # (and any other of this module's files the checksums name, should one numbered before it be gone)
+    prefix = os.path.splitext(os.path.basename(kernel.source_path))[0] + "."
+    files = sorted(set(files) | {f for f in expected if isinstance(f, str) and f.startswith(prefix)
+                                 and f == os.path.basename(f) and os.path.exists(os.path.join(folder, f))})
+    if not forget and all(expected.get(f) is not None and expected.get(f) == _sha256(os.path.join(folder, f))
+                          for f in files):
         return
     for f in files + [kernel.checksum_path]:
         try:

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 import halide_ad as hd
+from halide_ad.runtime import compile as C
 from halide_ad.trace import current
 from tests import programs as P
 
@@ -254,3 +255,20 @@ def test_generated_source_is_the_same_under_any_hash_seed():
     digests = {_python(script, env={"HALIDE_AD_JIT": "0", "PYTHONHASHSEED": seed}).strip()
                for seed in ("1", "2", "3")}
     assert len(digests) == 1, digests
+
+
+def test_a_garbled_data_file_after_a_missing_one_is_not_trusted(tmp_path, monkeypatch):
+    """A kernel's cache files are named from numba's numbering (data files 1, 2, ... as overloads
+    are added), not listed; a file after a gap in it is still checked, from the checksums."""
+    monkeypatch.setenv("HALIDE_AD_CACHE_DIR", str(tmp_path))
+    kernel = C.compile_kernel("@kernel\ndef twice_after_gap(x, out):\n    out[0] = x[0] * 2\n", "twice_after_gap", "test")
+    kernel(np.ones(1), np.zeros(1))
+    kernel(np.ones(1, np.int64), np.zeros(1, np.int64))  # a second overload: a second data file
+    folder, files = kernel.machine_code()
+    first, second = sorted(f for f in files if f.endswith(".nbc"))
+    os.remove(os.path.join(folder, first))
+    with open(os.path.join(folder, second), "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\xa5" * 64)
+    C._discard_untrusted_machine_code(kernel, forget=False)
+    assert not os.path.exists(os.path.join(folder, second))
