@@ -2,12 +2,13 @@
 
 A kernel's source bakes every extent in (`range(0, 4)`, `parallel_for(f, 0, 4000, ...)`), so a
 program called with another batch size generates another source and numba compiles it again:
-seconds, for a layer. Here a source is compared with the latest one generated before it that has
-the same text but for its integer literals (`_Parsed.key`) and that no shared kernel serves. Where every literal that differs is, in
-both, the extent of one dimension of a buffer its function takes (4 -> 3 where x.shape[0] went
-from 4 to 3), those literals become reads of that extent at run time (`x.shape[0]`), and the
-kernel so written serves the second size and any later one whose source it reproduces exactly:
-each literal it replaced equal to that buffer's extent there, each other literal unchanged.
+seconds, for a layer. Here a source is compared with the recent ones generated before it that
+have the same text but for their integer literals (`_Parsed.key`) and that no shared kernel
+serves. Where every literal that differs is, in both, the extent of one dimension of a buffer
+its function takes (4 -> 3 where x.shape[0] went from 4 to 3), those literals become reads of
+that extent at run time (`x.shape[0]`), and the kernel so written serves the second size and
+any later one whose source it reproduces exactly: each literal it replaced equal to that
+buffer's extent there, each other literal unchanged.
 That check is what makes sharing safe: a schedule decision that depends on the size (a parallel
 loop or a serial one, a boundary split `range(1, n - 1)`, BLAS or loops) changes the text or a
 literal that is no extent, and the size then gets a kernel of its own. The first size keeps its
@@ -30,14 +31,14 @@ MAX_SOURCES = 512  # sources remembered: a new one beyond drops the oldest
 @dataclass(frozen=True)
 class _Literal:
     value: int
-    at: tuple[int, int]  # (line, column) where the token starts, as tokenize counts them
+    at: tuple[int, int]  # (line from 1, column from 0) where its digits start
     params: tuple[str, ...] | None  # the parameters of the function it is in; None at module level
     pinned: bool  # numba needs it as a constant: `lanes.scratch(n, ...)`, an array on the stack
 
 
 @dataclass(frozen=True)
 class _Parsed:
-    key: str  # a hash of the source's tokens with its integer literals and comments left out
+    key: str  # a hash of the source's lines with its integer literals and comments left out
     literals: tuple[_Literal, ...]
 
 
@@ -147,7 +148,7 @@ def _parse(source: str) -> _Parsed | None:
             continue
         if not code[0].isspace():
             params = None
-            if code.startswith("def"):
+            if code.startswith("def "):
                 header = _DEF.fullmatch(code)
                 if header is None:
                     return None

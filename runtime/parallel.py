@@ -22,6 +22,7 @@ that inlines closures, and the C-callable wrapper that only first-class function
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -43,9 +44,9 @@ try:  # numba's internals, for the additions below (`_noalias`, `_lean_cache`, `
     from numba.core.compiler_machinery import PassManager
     from numba.core.runtime import nrt
     from numba.core.untyped_passes import InlineClosureLikes
-    numba.core.types.Function.get_call_type  # noqa: B018 (what `_remembered_call_types` wraps)
-    CPUCodeLibrary._optimize_functions  # noqa: B018 (what `_wrappers_optimized_once` wraps)
-    numba.core.errors._termcolor_inst, numba_typeof._termcolor  # noqa: B018 (what `_plain_error_text` swaps)
+    # what `_while_a_kernel_compiles` replaces
+    numba.core.types.Function.get_call_type, CPUCodeLibrary._optimize_functions  # noqa: B018
+    numba.core.errors._termcolor_inst, numba_typeof._termcolor  # noqa: B018
 except (ImportError, AttributeError):  # a later numba moved them: kernels stay correct, and lose those additions
     cpu = options = FunctionCache = nrt = CompilerBase = CPUCodeLibrary = numba_typeof = None
 
@@ -341,66 +342,57 @@ def _lean_cache():
 _call_types: dict = {}  # (function type, typing context, argument types) -> (signature, impl key)
 
 
-class _remembered_call_types:
-    """While a kernel compiles, a numba function type's signature for given argument types comes
-    from the one resolved before, in this kernel or an earlier one: numba resolves `a + b` by
-    trying each of operator.add's templates in turn (the one for arrays runs numpy's ufunc loop
-    search on two ints and turns the result down), formatting an error message for each that
-    does not match, and does it again for every `+` in the function, at every round of its
-    type propagation and once more as it lowers the `+`. A template's answer depends on the
-    argument types alone, and the function type is interned: the same templates give the same
-    signature and implementation, so the machine code is the same (the assembly of every kernel
-    of tests/ops/test_pool.py compared equal at bc05f9b). Only kernels' compiles read it
-    (numba compiles under one lock)."""
+def _remembered_call_types(resolve):
+    """numba's `Function.get_call_type`, answered from the signature resolved before, in this
+    kernel or an earlier one: numba resolves `a + b` by trying each of operator.add's templates
+    in turn (the one for arrays runs numpy's ufunc loop search on two ints and turns the result
+    down), formatting an error message for each that does not match, and does it again for
+    every `+` in the function, at every round of its type propagation and once more as it lowers
+    the `+`. A template's answer depends on the argument types alone, and the function type is
+    interned: the same templates give the same signature and implementation, so the machine code
+    is the same (the assembly of every kernel of tests/ops/test_pool.py compared equal at
+    bc05f9b)."""
+    def remembered(fn, context, args, kws):
+        try:
+            key = (fn, context, tuple(args), tuple(sorted(kws.items())))
+            known = _call_types.get(key)
+        except TypeError:  # an unhashable argument type: resolved as numba does
+            return resolve(fn, context, args, kws)
+        if known is None:
+            sig = resolve(fn, context, args, kws)
+            if sig is None:
+                return None
+            known = _call_types[key] = (sig, fn.get_impl_key(sig))
+        fn._impl_keys[known[0].args] = known[1]  # what `resolve` records for lowering
+        return known[0]
 
-    def __enter__(self) -> None:
-        self.resolve = resolve = numba.core.types.Function.get_call_type
-
-        def remembered(fn, context, args, kws):
-            try:
-                key = (fn, context, tuple(args), tuple(sorted(kws.items())))
-                known = _call_types.get(key)
-            except TypeError:  # an unhashable argument type: resolved as numba does
-                return resolve(fn, context, args, kws)
-            if known is None:
-                sig = resolve(fn, context, args, kws)
-                if sig is None:
-                    return None
-                known = _call_types[key] = (sig, fn.get_impl_key(sig))
-            fn._impl_keys[known[0].args] = known[1]  # what `resolve` records for lowering
-            return known[0]
-
-        numba.core.types.Function.get_call_type = remembered
-
-    def __exit__(self, *exc) -> None:
-        numba.core.types.Function.get_call_type = self.resolve
+    return remembered
 
 
-class _wrappers_optimized_once:
-    """While a kernel compiles, the module of its CPython wrapper (the function that unboxes the
-    arguments a call from Python passes, then calls the kernel) skips LLVM's per-function O3
-    passes as it is added to the kernel's library. The library's module passes run the same
-    pipeline over it again when the library is finalized, so they ran twice; the kernel's own
-    functions keep both. The kernel's machine code is the same (compared for the blur's forward
-    and gradient); only the wrapper's instructions may come out in another order. Wrappers took
-    a fifth of the compile time of tests/updates/test_update_higher_order.py, ~30 ms each."""
+def _wrappers_optimized_once(optimize):
+    """numba's `CPUCodeLibrary._optimize_functions`, skipped for the module of a kernel's CPython
+    wrapper (the function that unboxes the arguments a call from Python passes, then calls the
+    kernel): the library's module passes run the same pipeline over it again when the library
+    is finalized, so it ran twice; the kernel's own functions keep both. The kernels' machine
+    code is the same (36 of 36 functions of a conv layer, softmax, layer norm, tanh*sigmoid and
+    avg pool, forward and gradient, at (4096, 1024)); only a wrapper's instructions may come out
+    in another order. Wrappers took a fifth of the compile time of
+    tests/updates/test_update_higher_order.py, ~30 ms each."""
+    def once(library, module):
+        if module.name != "wrapper":  # (numba's name for it: cpu.CPUContext.create_cpython_wrapper)
+            return optimize(library, module)
+        module.data_layout = library._codegen._data_layout
 
-    def __enter__(self) -> None:
-        self.optimize = optimize = CPUCodeLibrary._optimize_functions
-
-        def once(library, module):
-            if module.name != "wrapper":  # (numba's name for it: cpu.CPUContext.create_cpython_wrapper)
-                return optimize(library, module)
-            module.data_layout = library._codegen._data_layout
-
-        CPUCodeLibrary._optimize_functions = once
-
-    def __exit__(self, *exc) -> None:
-        CPUCodeLibrary._optimize_functions = self.optimize
+    return once
 
 
 class _PlainText:
-    """numba's error highlighting, without colours or terminal set-up (its colour scheme's API)."""
+    """numba's error highlighting, without colours or terminal set-up (its colour scheme's API).
+    numba builds an error message for every global whose type it cannot tell (`np`, `lanes`:
+    modules) and every overload it tries and drops, and catches them all; where colorama is
+    installed, each highlighted message first re-initialised colorama's terminal wrappers (an
+    `isatty` per stream): 2.6% of the test suite's CPU time on a machine with colorama. A message
+    that reaches the user is the same, uncoloured."""
 
     def code(self, msg):
         return msg
@@ -408,26 +400,32 @@ class _PlainText:
     errmsg = filename = indicate = highlight = reset = code
 
 
-class _plain_error_text:
-    """While a kernel compiles, numba's error messages are plain text. numba builds one for every
-    global whose type it cannot tell (`np`, `lanes`: modules) and every overload it tries and
-    drops, and catches them all; where colorama is installed, each highlighted message first
-    re-initialised colorama's terminal wrappers (a `isatty` per stream): 2.6% of the test suite's
-    CPU time on a machine with colorama. A message that reaches the user is the same, uncoloured."""
-
-    def __enter__(self) -> None:
-        self.before = numba.core.errors._termcolor_inst, numba_typeof._termcolor
-        numba.core.errors._termcolor_inst = numba_typeof._termcolor = _PlainText()
-
-    def __exit__(self, *exc) -> None:
-        numba.core.errors._termcolor_inst, numba_typeof._termcolor = self.before
+@contextlib.contextmanager
+def _while_a_kernel_compiles():
+    """numba's internals that a kernel's compile replaces, each restored after it (numba compiles
+    under one lock, so only kernels' compiles see them): call types resolved once
+    (`_remembered_call_types`), wrappers optimized once (`_wrappers_optimized_once`), and plain
+    error text (`_PlainText`)."""
+    plain = _PlainText()
+    patches = [(numba.core.types.Function, "get_call_type", _remembered_call_types),
+               (CPUCodeLibrary, "_optimize_functions", _wrappers_optimized_once),
+               (numba.core.errors, "_termcolor_inst", lambda _: plain),
+               (numba_typeof, "_termcolor", lambda _: plain)]
+    before = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    try:
+        for (owner, name, value), (_, _, replace) in zip(before, patches):
+            setattr(owner, name, replace(value))
+        yield
+    finally:
+        for owner, name, value in reversed(before):
+            setattr(owner, name, value)
 
 
 def _kernel_pipeline() -> dict:
     """numba's nopython pipeline less the pass that inlines closures, which a generated kernel
     never defines: the pass's scope fix-up costs time that grows with the square of a function's
-    size (~10% of a small conv layer's 340-line gradient). Its passes run with
-    `_remembered_call_types`, `_wrappers_optimized_once` and `_plain_error_text`."""
+    size (~10% of a small conv layer's 340-line gradient). Its passes run
+    `_while_a_kernel_compiles`."""
     if CompilerBase is None:
         return {}
 
@@ -441,7 +439,7 @@ def _kernel_pipeline() -> dict:
             return [lean]
 
         def _compile_core(self):
-            with _remembered_call_types(), _wrappers_optimized_once(), _plain_error_text():
+            with _while_a_kernel_compiles():
                 return super()._compile_core()
 
     return {"pipeline_class": KernelCompiler}
