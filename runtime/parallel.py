@@ -57,7 +57,6 @@ SMALL_MATMUL = 1 << 22  # multiply-adds, below which BLAS is called as is: a thr
 # OpenBLAS runs a product of at most this many multiply-adds on the calling thread by itself
 # (interface/gemm.c: m * n * k <= SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD = 65536 * 4)
 OPENBLAS_ONE_THREAD = 1 << 18
-PANEL = 256  # rows and columns of each BLAS call on a product that has this many (see `matmul`)
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _chunk = threading.local()  # .running: this thread runs a chunk, where a nested loop runs serially
@@ -171,15 +170,11 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     machine the hand-off waits for a time slice of another core. That product took 7-8 ms
     instead of 0.012 in some processes, and was most of the digits training step.
 
-    A product of PANEL rows or columns or more runs as products of exactly PANEL of them
-    (`panels`). OpenBLAS's bits for an element depend on the product's extents, which of its
-    kernels, edge cases and thread splits compute the element: a 1-D convolution's output
-    columns came out otherwise in a block of 1028 columns than in the whole 8192
-    (halide_ad.dask). In panels of one shape, on one BLAS thread each, an element's bits
-    depend on its row and column of the operands alone."""
-    if max(out.shape[1:]) >= PANEL:
-        panels(a, b, out)
-        return
+    BLAS's bits for an element depend on more than its row and column of the operands: on
+    the product's extents, its layout, the operands' strides and the CPU (OpenBLAS's Haswell
+    kernels on an AMD EPYC summed a float32 column otherwise at another offset in a product
+    of the same shape). So a dask block's product equals the whole array's to rounding, not
+    bit for bit (docs/dask.md)."""
     if out.size * a.shape[2] < SMALL_MATMUL:
         if blas_on_calling_thread(out.size * a.shape[2]):
             np.matmul(a, b, out=out)
@@ -196,28 +191,6 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
     with one_blas_thread():
         parallel_for(images, 0, len(out))
-
-
-def panels(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """`matmul` for each image in tiles of PANEL rows by PANEL columns (all the rows or all
-    the columns where there are fewer), on the threads; a tile past the edge is zero-padded to
-    the full tile, computed whole and cropped."""
-    spans = [[(k, min(k + PANEL, n)) for k in range(0, n, PANEL)] if n >= PANEL else [(0, n)]
-             for n in out.shape[1:]]
-    rows, cols = (min(n, PANEL) for n in out.shape[1:])
-    tiles = list(itertools.product(range(len(out)), *spans))
-
-    def tile(j: int) -> None:
-        n, (r0, r1), (c0, c1) = tiles[j]
-        x, y = a[0 if len(a) == 1 else n, r0:r1], b[0 if len(b) == 1 else n, :, c0:c1]
-        if r1 - r0 == rows and c1 - c0 == cols:
-            np.matmul(x, y, out=out[n, r0:r1, c0:c1])
-            return
-        x = np.concatenate([x, np.zeros((rows - len(x), x.shape[1]), x.dtype)]) if r1 - r0 < rows else x
-        y = np.concatenate([y, np.zeros((len(y), cols - y.shape[1]), y.dtype)], 1) if c1 - c0 < cols else y
-        out[n, r0:r1, c0:c1] = np.matmul(x, y)[:r1 - r0, :c1 - c0]
-
-    each_image(tile, len(tiles))
 
 
 def each_image(body, count: int) -> None:

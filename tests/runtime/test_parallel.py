@@ -238,24 +238,6 @@ def test_matmul_on_the_kernel_threads_equals_numpy(threads, shapes, monkeypatch)
     assert _blas_threads() == before
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_matmul_gives_an_element_the_same_bits_whatever_the_products_extent(threads, dtype):
-    """Products of PANEL columns or more run in panels of exactly PANEL: the columns of a part
-    of the operand (a dask block's, past a halo) come out as in the product of the whole. On
-    OpenBLAS's Haswell kernels, 1028 columns of 16 x 48 products ended in 4 columns otherwise."""
-    rng = np.random.default_rng(2)
-    a, b = rng.standard_normal((1, 16, 48)).astype(dtype), rng.standard_normal((1, 48, 2048)).astype(dtype)
-    whole = np.empty((1, 16, 2048), dtype)
-    matmul(a, b, whole)
-    for lo, hi in [(0, 1028), (5, 1290), (1024, 2048), (3, 300)]:
-        part = np.empty((1, 16, hi - lo), dtype)
-        matmul(a, np.ascontiguousarray(b[:, :, lo:hi]), part)
-        np.testing.assert_array_equal(part, whole[:, :, lo:hi])
-        rows = np.empty((1, hi - lo, 16), dtype)  # the pixels as rows instead
-        matmul(np.ascontiguousarray(b[:, :, lo:hi].transpose(0, 2, 1)), a.transpose(0, 2, 1), rows)
-        np.testing.assert_array_equal(rows, whole[:, :, lo:hi].transpose(0, 2, 1))
-
-
 def _blas_threads() -> list[int]:
     return [get() for get, _ in parallel._blas_libraries()]
 
@@ -321,7 +303,8 @@ def test_small_matmul_on_one_blas_thread_equals_numpy(dtype, monkeypatch):
     out = np.full((1, 256, 32), np.nan, dtype)
     before = _blas_threads()
     matmul(a, b, out)
-    np.testing.assert_allclose(out, real(a, b), rtol=1e-5 if dtype == np.float32 else 1e-12)
+    eps = np.finfo(dtype).eps  # one BLAS thread against numpy's: equal to rounding (64 terms)
+    np.testing.assert_allclose(out, real(a, b), rtol=0, atol=64 * eps * np.abs(a).max() * np.abs(b).max())
     assert counts == [[1] * len(before)]
     assert _blas_threads() == before
 
