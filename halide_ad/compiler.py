@@ -82,7 +82,11 @@ def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
             # what no later step reads may stay in the kernel, a row at a time
             read_after = {n.buffer for f in program.funcs if f not in segment for n in walk(f.body) if isinstance(n, Load)}
             local = frozenset(f.name for f in segment if f.name not in stored and f.name not in read_after)
-            source, params, checks = emit_forward(program, tuple(segment), entry, local)
+            key = ("emit_forward", program, tuple(segment), entry, local, codegen_settings())
+            unknowns = z3_bridge.unknown_answers()  # (on disk: a process that loads the kernels
+            source, params, checks = disk_cache.cached(  # skips scheduling, 0.14 s for bilinear's)
+                key, functools.partial(emit_forward, program, tuple(segment), entry, local),
+                lambda: z3_bridge.unknown_answers() == unknowns)
             steps.append(_numba_step(source, params, checks, entry, f"forward of {program.name}", shapes))
             sources.append(source)
             segment.clear()

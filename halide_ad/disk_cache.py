@@ -1,4 +1,4 @@
-"""Solver results and generated gradient code on disk, so that a new process does not run z3
+"""Solver results and generated code on disk, so that a new process does not run z3
 (or the scheduler, which asks z3 too) again for a program it compiled before. It needs neither z3
 nor numba: the solver and the driver both store through it.
 
