@@ -87,11 +87,13 @@ class Traced:
         self._jobs: dict = {}              # pass -> the Future compiling its kernels
         self.interpreted: dict = {}        # pass -> calls the interpreter ran
         self._small: dict = {}             # wrt -> whether the interpreter may run its passes
+        self._marked: set = set()          # the passes whose kernels ran here: marked built on disk
 
     def _interpreting(self, key, warming) -> bool:
         """Whether this call of pass `key` runs on the interpreter: while its kernels compile in
         the background (`warming()` gives the job that compiles them, by a run on copies of this
-        call's arrays), for small programs whose kernels are neither in this process nor on disk.
+        call's arrays), for small programs whose kernels are neither in this process nor on disk
+        (`tiered.built_before`: a finished background compile marks them built).
         Once it returns False for a pass, it does for good."""
         if key in self._compiled:
             return False
@@ -102,10 +104,13 @@ class Traced:
         # compiling in the background ahead of the gradient's (a 4096^2 blur's first forward and
         # backward: 4.9 s, against 2.0 s compiling both first)
         wrt = self.float_args if forward else key
+        if built is not None and built.kernel.compiled() or tiered.built_before(self.program, key):
+            self._compiled.add(key)
+            return False
         small = self._small.get(wrt)
         if small is None:  # (reverse mode runs to count a gradient's work: once per wrt)
             small = self._small[wrt] = tiered.interpretable(self.program, wrt)
-        if built is not None and built.kernel.compiled() or not small:
+        if not small:
             self._compiled.add(key)
             return False
         job = self._jobs.get(key)
@@ -114,6 +119,8 @@ class Traced:
                 job = self._jobs.get(key)
                 if job is None:
                     job = self._jobs[key] = tiered.in_background(warming())
+                    job.add_done_callback(lambda done: done.exception() is None
+                                          and tiered.mark_built(self.program, key))
         if job.done():  # (a compile that failed fails again in the caller, with its error)
             self._compiled.add(key)
             return False
@@ -121,6 +128,12 @@ class Traced:
         if self.interpreted[key] == 2:  # a loop of calls: its kernels are worth building now
             tiered.repeated()
         return True
+
+    def _mark_built(self, key) -> None:
+        """Say on disk that pass `key`'s kernels ran (`tiered.built_before`), once per process."""
+        if key not in self._marked:
+            self._marked.add(key)
+            tiered.mark_built(self.program, key)
 
     def _inputs(self, buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The program's inputs among `buffers`, in their declared shapes."""
@@ -188,7 +201,9 @@ class Traced:
         with tiered.interpreting():
             if self._interpreting(key, warming):
                 return tiered.forward(self.program, arrays, self._kept(key))
-        return self.forward_run(key)(arrays)
+        out = self.forward_run(key)(arrays)
+        self._mark_built(key)
+        return out
 
     def gradient_of(self, wrt: tuple[str, ...], buffers: dict[str, np.ndarray],
                     cotangents: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -211,7 +226,9 @@ class Traced:
                 return tiered.backward(self.program, wrt, forward, cotangents)
         if interpreted:  # the interpreter ran the forward, and the kernels are ready now
             buffers = self._kernel_buffers(buffers)
-        return self.backward(wrt)(buffers, cotangents)
+        out = self.backward(wrt)(buffers, cotangents)
+        self._mark_built(wrt)
+        return out
 
     def _kernel_buffers(self, buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The kernels' forward buffers in place of the interpreter's `buffers`, run once and kept

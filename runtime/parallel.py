@@ -115,8 +115,12 @@ def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
         finally:
             _chunk.running = False
 
-    pool = _workers()
-    futures = [pool.submit(work) for _ in range(threads - 1)]
+    pool, futures = _workers(), []
+    try:
+        for _ in range(threads - 1):
+            futures.append(pool.submit(work))
+    except RuntimeError:  # the interpreter is exiting (and finishing a background compile first,
+        pass              # halide_ad/tiered.py): this thread takes the chunks no other thread took
     try:
         work()
     finally:

@@ -303,3 +303,33 @@ def test_the_interpreter_keeps_what_the_kernels_forward_stores():
     out, vjp = hd.vjp(blur_relu_maxpool, x)
     ct = np.random.default_rng(12).standard_normal(out.shape)
     np.testing.assert_allclose(vjp(ct)[0], hd.vjp(blur_relu_maxpool.fn, x)[1](ct)[0], rtol=1e-12)
+
+
+SECOND_PROCESS = """
+import json, numpy as np, halide_ad as hd
+from tests.api.test_tiers import _blur
+f = hd.func(_blur)
+x = np.arange(63, dtype=np.float32).reshape(9, 7)
+traced, _ = f.trace((x,), {})
+out, vjp_fn = hd.vjp(f, x)
+grad = vjp_fn(np.ones_like(out))[0]
+print(json.dumps({"interpreted": {str(k): v for k, v in traced.interpreted.items()},
+                  "sums": [float(out.sum()), float(grad.sum())]}))
+"""
+
+
+def test_a_second_process_runs_the_kernels_from_its_first_call(tmp_path):
+    """The first process's first forward and backward run on the interpreter, and their kernels
+    compile in the background, finishing before it exits (a backward's parallel loops on the
+    calling thread then: the pool takes no work at exit) and marking the passes built on disk
+    (`tiered.mark_built`). A second process with that cache builds them from the disk at once:
+    no interpreter call, the same values to rounding."""
+    import json
+    from tests.runtime.test_concurrency import _python
+    env = {"HALIDE_AD_CACHE_DIR": str(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "HALIDE_AD_TIERED": "1", "HALIDE_AD_PARALLEL_MIN_POINTS": "0"}  # (parallel loops: the pool at exit)
+    first = json.loads(_python(SECOND_PROCESS, env=env).splitlines()[-1])
+    second = json.loads(_python(SECOND_PROCESS, env=env).splitlines()[-1])
+    assert first["interpreted"] and all(n == 1 for n in first["interpreted"].values())
+    assert second["interpreted"] == {}
+    np.testing.assert_allclose(second["sums"], first["sums"], rtol=1e-5)
