@@ -173,8 +173,7 @@ def test_a_vjp_made_on_the_interpreter_runs_kernels_once_they_are_ready(monkeypa
     out, vjp = hd.vjp(f, img)
     ct = np.ones_like(out)
     first = vjp(ct)[0]
-    if traced.interpreted.get("forward", 0) == 0:
-        pytest.skip("the kernels were on disk already: no interpreter tier to compare")
+    assert traced.interpreted.get("forward", 0) >= 1
     _wait(traced)
     hd.vjp(f, img)[1](ct)  # (compiles the gradient's kernels)
     _wait(traced)
@@ -235,8 +234,7 @@ def test_a_compile_runs_on_stand_ins_not_the_callers_arrays(monkeypatch):
     traced, _ = f.trace((x,), {})
     out = f(x)
     _wait(traced)
-    if traced.interpreted.get(CALL, 0) == 0:
-        pytest.skip("the kernels were on disk already: no background compile")
+    assert traced.interpreted.get(CALL, 0) >= 1
     assert seen and all(not a.any() for inputs in seen for a in inputs.values())
     np.testing.assert_allclose(f(x), out, rtol=1e-12)
 
@@ -264,8 +262,7 @@ def test_a_second_interpreted_call_says_so(monkeypatch):
     x = np.ones((5, 6))
     f(x)
     traced, _ = f.trace((x,), {})
-    if traced.interpreted.get(CALL, 0) == 0:
-        pytest.skip("the kernels were on disk already: no interpreter tier")
+    assert traced.interpreted.get(CALL, 0) >= 1
     assert calls == []
     f(x)
     assert calls == [1]
