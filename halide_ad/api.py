@@ -93,20 +93,22 @@ class Traced:
         """Whether this call of pass `key` runs on the interpreter: while its kernels compile in
         the background (`warming()` gives the job that compiles them, by a run on copies of this
         call's arrays), for small programs whose kernels are neither in this process nor on disk
-        (`tiered.built_before`: a finished background compile marks them built).
+        (`tiered.built_before`: a pass is marked built once its kernels ran, `_mark_built`).
         Once it returns False for a pass, it does for good."""
         if key in self._compiled:
             return False
         forward = key in (FORWARD, CALL)
         built = self._forwards.get(key) if forward else self._grads.get(key)
+        # (the disk asked once, before the pass's first background compile: not on every call after)
+        if (built is not None and built.kernel.compiled()
+                or key not in self._jobs and tiered.built_before(self.program, key)):
+            self._compiled.add(key)
+            return False
         # a plain call and a gradient's forward go with the gradient by every float argument: a
         # forward interpreted while its gradient compiles first leaves the forward's kernels
         # compiling in the background ahead of the gradient's (a 4096^2 blur's first forward and
         # backward: 4.9 s, against 2.0 s compiling both first)
         wrt = self.float_args if forward else key
-        if built is not None and built.kernel.compiled() or tiered.built_before(self.program, key):
-            self._compiled.add(key)
-            return False
         small = self._small.get(wrt)
         if small is None:  # (reverse mode runs to count a gradient's work: once per wrt)
             small = self._small[wrt] = tiered.interpretable(self.program, wrt)
@@ -119,8 +121,7 @@ class Traced:
                 job = self._jobs.get(key)
                 if job is None:
                     job = self._jobs[key] = tiered.in_background(warming())
-                    job.add_done_callback(lambda done: done.exception() is None
-                                          and tiered.mark_built(self.program, key))
+                    job.add_done_callback(lambda done: done.exception() is None and self._mark_built(key))
         if job.done():  # (a compile that failed fails again in the caller, with its error)
             self._compiled.add(key)
             return False

@@ -46,6 +46,15 @@ def _dump(stage: str, text: str) -> None:
         print(text)
 
 
+def _generated(key, emit):
+    """`emit()`, a kernel's generated code, or what an earlier process stored for `key`
+    (disk_cache): a process that loads the kernels skips scheduling (0.14 s of bilinear's
+    forward). Not stored where a z3 query answered 'unknown' meanwhile: a later run, with more
+    time, may do better."""
+    unknowns = z3_bridge.unknown_answers()
+    return disk_cache.cached(key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
+
+
 def _numba_step(source: str, params: list[str], checks: list[str], entry: str, title: str,
                 shapes: dict[str, tuple[int, ...]]) -> NumbaStep:
     """The step, its kernel shared with other sizes of the program where one serves (by the
@@ -83,10 +92,8 @@ def compile_forward(program: Program, *, for_gradients: bool = True) -> Kernel:
             read_after = {n.buffer for f in program.funcs if f not in segment for n in walk(f.body) if isinstance(n, Load)}
             local = frozenset(f.name for f in segment if f.name not in stored and f.name not in read_after)
             key = ("emit_forward", program, tuple(segment), entry, local, codegen_settings())
-            unknowns = z3_bridge.unknown_answers()  # (on disk: a process that loads the kernels
-            source, params, checks = disk_cache.cached(  # skips scheduling, 0.14 s for bilinear's)
-                key, functools.partial(emit_forward, program, tuple(segment), entry, local),
-                lambda: z3_bridge.unknown_answers() == unknowns)
+            source, params, checks = _generated(key, functools.partial(emit_forward, program, tuple(segment),
+                                                                       entry, local))
             steps.append(_numba_step(source, params, checks, entry, f"forward of {program.name}", shapes))
             sources.append(source)
             segment.clear()
@@ -219,9 +226,7 @@ def compile_gradient(program: Program, wrt: tuple[str, ...]) -> tuple[Kernel, li
                    temporaries, tuple(sorted(optional)), codegen_settings())  # scheduling asks z3 too
             emit = functools.partial(emit_backward, program, list(segment), entry, frozenset(mine),
                                      temporaries, optional)
-            unknowns = z3_bridge.unknown_answers()
-            source, params, checks, own, left = disk_cache.cached(
-                key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
+            source, params, checks, own, left = _generated(key, emit)
             scratch.extend(own)
             steps.append(_numba_step(source, params, checks, entry, f"gradient of {program.name}", shapes))
             sources.append(source)
