@@ -1,5 +1,6 @@
 """Tiered execution (halide_ad/tiered.py): first calls on the numpy interpreter while the
 kernels compile in the background, then the kernels; both tiers agree to rounding."""
+import json
 import sys
 import threading
 
@@ -9,6 +10,7 @@ import pytest
 import halide_ad as hd
 from halide_ad import ops, tiered
 from halide_ad.api import CALL
+from tests.runtime.test_concurrency import _python
 
 
 @pytest.fixture(autouse=True)
@@ -323,8 +325,6 @@ def test_a_second_process_runs_the_kernels_from_its_first_call(tmp_path):
     calling thread then: the pool takes no work at exit) and marking the passes built on disk
     (`tiered.mark_built`). A second process with that cache builds them from the disk at once:
     no interpreter call, the same values to rounding."""
-    import json
-    from tests.runtime.test_concurrency import _python
     env = {"HALIDE_AD_CACHE_DIR": str(tmp_path), "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
            "HALIDE_AD_TIERED": "1", "HALIDE_AD_PARALLEL_MIN_POINTS": "0"}  # (parallel loops: the pool at exit)
     first = json.loads(_python(SECOND_PROCESS, env=env).splitlines()[-1])
