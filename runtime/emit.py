@@ -25,13 +25,18 @@ from halide_ad.runtime import lower, schedule
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.ir import show
 from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
-from halide_ad.traverse import children as expr_children
+from halide_ad.traverse import children as expr_children, walk as walk_expr
 from halide_ad.runtime.lanes import FOLD
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Combine, Comment, Element, Fail,
                                      Fold, For, Hoisted, If, IfElse, Improves, Kind, Lanes, Let, Local, Row, Source, Spans, Stmt,
-                                     Store, Table, Text, block, walk)
+                                     Store, Table, Term, Text, block, walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
+
+
+def _tuple(items) -> str:
+    items = list(items)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
 def function(em, entry: str, body: Block) -> str:
@@ -443,10 +448,13 @@ class Emitter:
                 return ", ".join(map(self.expr, locals))
             case Row(Load(buffer, index, _, loc)):
                 return self.row(buffer, index[:-1], str(loc) if loc else show(e.first))
-            case Fold(op, row, lo, hi, lanes, None):
+            case Fold(op, (row,), lo, hi, lanes, None):
                 return f"lanes.{FOLD[op]}({self.expr(row)}, {lo}, {hi}, ({self.expr(lanes)}))"
-            case Fold("sum", row, lo, hi, lanes, scale):
-                return f"lanes.scaled_sums({self.expr(row)}, {lo}, {hi}, ({self.expr(lanes)}), {self.expr(scale)})"
+            case Fold(op, rows, lo, hi, lanes, terms):
+                scalars: list[str] = []
+                text = self.terms(terms, scalars)
+                rows_ = _tuple(map(self.expr, rows))
+                return f'lanes.{FOLD[op]}_of("{text}", {rows_}, {_tuple(scalars)}, {lo}, {hi}, ({self.expr(lanes)}))'
             case Combine(op, lhs, rhs):
                 return f"({COMBINE[op].format(self.expr(lhs), self.expr(rhs))})"
             case Improves(op, val, acc, arg):
@@ -455,6 +463,23 @@ class Emitter:
             case Reduce():
                 return self.reduce_inline(e)
         raise NotImplementedError(f"no Python for {e!r}")
+
+    def terms(self, e: Expr, scalars: list[str]) -> str:
+        """A Fold's terms as the text `lanes.sums_of` reads: rk for its rows' elements, sk for the
+        k-th of `scalars`, to which each subexpression without a Term is added (once)."""
+        if not any(isinstance(n, Term) for n in walk_expr(e)):
+            text = self.expr(e)
+            if text not in scalars:
+                scalars.append(text)
+            return f"s{scalars.index(text)}"
+        match e:
+            case Term(k):
+                return f"r{k}"
+            case Bin(op, a, b):
+                return f"({self.terms(a, scalars)} {op.value} {self.terms(b, scalars)})"
+            case Call("neg", (a,)):
+                return f"(-{self.terms(a, scalars)})"
+        raise NotImplementedError(f"no fold term for {e!r}")
 
     def _speculable(self, e: Expr) -> bool:
         """Whether `e` may be computed where its select does not take it (`branchless`): no load

@@ -1,12 +1,18 @@
-"""A reduction's LANES partial results as one vector: `fold(op, row, lo, hi, lanes)`.
+"""A reduction's LANES partial results as one vector: `sums(row, lo, hi, lanes)` (`products`,
+`maxima`, `minima`), and `sums_of(terms, rows, scalars, lo, hi, lanes)` (...) where each term is
+arithmetic of several rows' elements.
 
 `schedule.accumulate.split_accumulators` keeps a long reduction in LANES independent partial
 results, lane q taking the terms at lo + q, lo + q + LANES, ... Written as LANES scalar
 statements these stay scalar: numba leaves LLVM's SLP vectorizer off (`NUMBA_SLP_VECTORIZE`),
-and the loop vectorizer may not reorder a float reduction. So the kernel writes a row's terms to
-a local array in a plain loop (which vectorizes), and `fold` runs the rounds over it with the
-lanes in vector registers. softmax's backward row sum (a float32 product and division per term,
-summed in float64) ran 4x faster so.
+and the loop vectorizer may not reorder a float reduction. So a fold runs the rounds with the
+lanes in vector registers: over a buffer's row in place where each term is its element; with
+the terms computed in the fold, a vector at a time, where they are + - * / and negation of rows'
+elements and of numbers (a mean's x * c, a variance's (x - m) * (x - m), softmax's gradient's
+ct * e); else over a row of terms that the kernel writes first in a plain loop (which
+vectorizes). softmax's backward row sum (a float32 product and division per term, summed in
+float64) ran 4x faster in vectors than in scalar lanes; computing its terms in the fold instead
+of writing them to a row first took another 8-10% off its backward (one thread).
 
 One vector of lanes is still a chain of dependent operations, each waiting for the last (3-5
 cycles a round; 128 rounds a row of 1024). So `fold` keeps SPLIT vectors: vector s takes the
@@ -20,6 +26,8 @@ with four for the max only, 2.52-2.56 with four for both.
 """
 from __future__ import annotations
 
+import ast
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,72 +59,129 @@ def _fold(op: str):
         vectors as the module says, each element converted to the lanes' type first. `row` is a
         contiguous 1-d array of at least `hi` elements, and hi - lo a multiple of LANES: the
         caller's to ensure."""
-        return _typed_fold(op, row, lo, hi, lanes, None)
+        if not (_row(row) and _lanes(lanes)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return _fold_code(context, builder, op, [(row, args[0])], None, [], args[1:3], sig.args[1:3],
+                              lanes, args[3], sig.return_type)
+        return lanes(row, lo, hi, lanes), codegen
     return fold
 
 
-@intrinsic
-def scaled_sums(typingctx, row, lo, hi, lanes, scale):
-    """`sums` of the terms row[k] * scale, each product in the row's type (what a row of terms
-    x[k] * c would have held, without writing the row): a mean's terms read from x in place."""
-    return _typed_fold("sum", row, lo, hi, lanes, scale)
+def _fold_of(op: str):
+    @intrinsic
+    def fold_of(typingctx, terms, rows, scalars, lo, hi, lanes):
+        """`fold` of the terms that `terms` (the text of an arithmetic expression: + - * / and
+        unary -, over r0, r1, ... and s0, s1, ...) gives at each k: rk the element k of rows[k],
+        sk the number scalars[k], computed as numba computes that expression of scalars, in the
+        rows' float type (all rows of one type; a scalar is converted to it). The terms of a reduction read in
+        place, where the loop that wrote them to a row first cost softmax's backward 8-10%."""
+        if not (isinstance(terms, types.StringLiteral) and isinstance(rows, types.BaseTuple) and len(rows)
+                and isinstance(scalars, types.BaseTuple) and _lanes(lanes) and all(map(_row, rows))):
+            return None
+        element = rows[0].dtype
+        code = _terms_code(terms.literal_value, len(rows), len(scalars))
+        if (code is None or any(r.dtype != element for r in rows)
+                or not all(isinstance(s, (types.Float, types.Integer)) for s in scalars)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            vrows = [(r, v) for r, v in zip(rows, cgutils.unpack_tuple(builder, args[1], len(rows)))]
+            values = [context.cast(builder, v, t, element)  # (of the rows' type already, as the IR says)
+                      for v, t in zip(cgutils.unpack_tuple(builder, args[2], len(scalars)), scalars)]
+            return _fold_code(context, builder, op, vrows, code, values, args[3:5], sig.args[3:5], lanes,
+                              args[5], sig.return_type)
+        return lanes(terms, rows, scalars, lo, hi, lanes), codegen
+    return fold_of
 
 
-def _typed_fold(op: str, row, lo, hi, lanes, scale):
-    """The signature and code of a fold (`scale` a number type, or None)."""
-    scaled = scale is not None
-    if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"
-            and isinstance(lanes, types.UniTuple) and lanes.count == LANES
-            and isinstance(lanes.dtype, types.Float) and isinstance(row.dtype, types.Float)
-            and (not scaled or isinstance(scale, types.Float))):
+def _row(row) -> bool:
+    return (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"
+            and isinstance(row.dtype, types.Float))
+
+
+def _lanes(lanes) -> bool:
+    return isinstance(lanes, types.UniTuple) and lanes.count == LANES and isinstance(lanes.dtype, types.Float)
+
+
+_BINARY = {ast.Add: "fadd", ast.Sub: "fsub", ast.Mult: "fmul", ast.Div: "fdiv"}
+
+
+@functools.cache
+def _terms_code(text: str, rows: int, scalars: int):
+    """A function (builder, row vectors, scalar vectors) -> the vector of terms that `text` gives,
+    or None where `text` is not such an expression over r0 .. r{rows-1} and s0 .. s{scalars-1}."""
+    names = {f"r{k}": ("r", k) for k in range(rows)} | {f"s{k}": ("s", k) for k in range(scalars)}
+
+    def build(node):
+        match node:
+            case ast.BinOp(lhs, op, rhs) if type(op) in _BINARY:
+                a, b, name = build(lhs), build(rhs), _BINARY[type(op)]
+                if a is None or b is None:
+                    return None
+                return lambda bd, r, s: getattr(bd, name)(a(bd, r, s), b(bd, r, s))
+            case ast.UnaryOp(ast.USub(), operand):
+                a = build(operand)
+                return None if a is None else (lambda bd, r, s: bd.fneg(a(bd, r, s)))
+            case ast.Name(name) if name in names:
+                kind, k = names[name]
+                return (lambda bd, r, s: r[k]) if kind == "r" else (lambda bd, r, s: s[k])
+        return None
+    try:
+        return build(ast.parse(text, mode="eval").body)
+    except SyntaxError:
         return None
 
-    def codegen(context, builder, sig, args):
-        element = context.get_value_type(lanes.dtype)
-        vtype = ir.VectorType(element, LANES)
-        intp = lambda v: context.get_constant(types.intp, v)
-        accs = [cgutils.alloca_once(builder, vtype) for _ in range(SPLIT)]
-        vec = vtype(ir.Undefined)
+
+def _fold_code(context, builder, op, rows, code, scalars, bounds, bound_types, lanes, initial, return_type):
+    """The LLVM code of a fold: `rows` (type, value) pairs, `code` the terms' function (None: the
+    one row's elements), `scalars` the values it reads."""
+    element = context.get_value_type(lanes.dtype)
+    vtype = ir.VectorType(element, LANES)
+    intp = lambda v: context.get_constant(types.intp, v)
+    accs = [cgutils.alloca_once(builder, vtype) for _ in range(SPLIT)]
+    vec = vtype(ir.Undefined)
+    for q in range(LANES):
+        vec = builder.insert_element(vec, builder.extract_value(initial, q), ir.IntType(32)(q))
+    builder.store(vec, accs[0])
+    for acc in accs[1:]:
+        builder.store(ir.Constant(vtype, [_IDENTITY[op]] * LANES), acc)
+    row_type = rows[0][0].dtype
+    data = [context.make_array(t)(context, builder, v).data for t, v in rows]
+    ttype = ir.VectorType(data[0].type.pointee, LANES)
+    splats = []
+    for s in scalars:
+        splat = ttype(ir.Undefined)
         for q in range(LANES):
-            vec = builder.insert_element(vec, builder.extract_value(args[3], q), ir.IntType(32)(q))
-        builder.store(vec, accs[0])
-        for acc in accs[1:]:
-            builder.store(ir.Constant(vtype, [_IDENTITY[op]] * LANES), acc)
-        data = context.make_array(row)(context, builder, args[0]).data
-        start, stop = (context.cast(builder, a, t, types.intp) for a, t in zip(args[1:3], sig.args[1:3]))
-        if scaled:
-            one = context.cast(builder, args[4], sig.args[4], row.dtype)
-            factor = ir.VectorType(data.type.pointee, LANES)(ir.Undefined)
-            for q in range(LANES):
-                factor = builder.insert_element(factor, one, ir.IntType(32)(q))
+            splat = builder.insert_element(splat, s, ir.IntType(32)(q))
+        splats.append(splat)
+    start, stop = (context.cast(builder, a, t, types.intp) for a, t in zip(bounds, bound_types))
 
-        def add_round(acc, k):
-            at = builder.bitcast(builder.gep(data, [k]), ir.VectorType(data.type.pointee, LANES).as_pointer())
-            terms = builder.load(at, align=row.dtype.bitwidth // 8)
-            if scaled:
-                terms = builder.fmul(terms, factor)
-            if row.dtype.bitwidth < lanes.dtype.bitwidth:
-                terms = builder.fpext(terms, vtype)
-            elif row.dtype.bitwidth > lanes.dtype.bitwidth:
-                terms = builder.fptrunc(terms, vtype)
-            builder.store(_combine(builder, op, builder.load(acc), terms), acc)
+    def add_round(acc, k):
+        at = [builder.bitcast(builder.gep(d, [k]), ttype.as_pointer()) for d in data]
+        loaded = [builder.load(a, align=row_type.bitwidth // 8) for a in at]
+        terms = loaded[0] if code is None else code(builder, loaded, splats)
+        if row_type.bitwidth < lanes.dtype.bitwidth:
+            terms = builder.fpext(terms, vtype)
+        elif row_type.bitwidth > lanes.dtype.bitwidth:
+            terms = builder.fptrunc(terms, vtype)
+        builder.store(_combine(builder, op, builder.load(acc), terms), acc)
 
-        group = intp(LANES * SPLIT)
-        whole = builder.add(start, builder.mul(builder.sdiv(builder.sub(stop, start), group), group))
-        with cgutils.for_range_slice(builder, start, whole, group) as (k, _):
-            for s, acc in enumerate(accs):
-                add_round(acc, builder.add(k, intp(s * LANES)))
-        with cgutils.for_range_slice(builder, whole, stop, intp(LANES)) as (k, _):
-            add_round(accs[0], k)
-        vecs = [builder.load(acc) for acc in accs]
-        while len(vecs) > 1:
-            vecs = [_combine(builder, op, a, b) for a, b in zip(vecs[::2], vecs[1::2])]
-        out = context.get_value_type(sig.return_type)(ir.Undefined)
-        for q in range(LANES):
-            out = builder.insert_value(out, builder.extract_element(vecs[0], ir.IntType(32)(q)), q)
-        return out
-
-    return (lanes(row, lo, hi, lanes, scale) if scaled else lanes(row, lo, hi, lanes)), codegen
+    group = intp(LANES * SPLIT)
+    whole = builder.add(start, builder.mul(builder.sdiv(builder.sub(stop, start), group), group))
+    with cgutils.for_range_slice(builder, start, whole, group) as (k, _):
+        for s, acc in enumerate(accs):
+            add_round(acc, builder.add(k, intp(s * LANES)))
+    with cgutils.for_range_slice(builder, whole, stop, intp(LANES)) as (k, _):
+        add_round(accs[0], k)
+    vecs = [builder.load(acc) for acc in accs]
+    while len(vecs) > 1:
+        vecs = [_combine(builder, op, a, b) for a, b in zip(vecs[::2], vecs[1::2])]
+    out = context.get_value_type(return_type)(ir.Undefined)
+    for q in range(LANES):
+        out = builder.insert_value(out, builder.extract_element(vecs[0], ir.IntType(32)(q)), q)
+    return out
 
 
 SCRATCH_MAX = 2048  # elements: a longer row of terms goes to the heap (np.empty), not the stack
@@ -152,15 +217,14 @@ def _plain_scratch(n, dtype):
 
 _OPS = {"sums": "sum", "products": "prod", "maxima": "max", "minima": "min"}
 sums, products, maxima, minima = (_fold(op) for op in _OPS.values())
+sums_of, products_of, maxima_of, minima_of = (_fold_of(op) for op in _OPS.values())
 FOLD = {op: name for name, op in _OPS.items()}  # the fold of each op, by its name here
 
 
 def _plain(op: str):
     combine = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}[op]
 
-    def fold(row, lo, hi, lanes, *scale):
-        if scale:
-            row = row * row.dtype.type(scale[0])  # (in the row's type, as the intrinsic)
+    def fold(row, lo, hi, lanes):
         vecs = [list(lanes)] + [[type(v)(_IDENTITY[op]) for v in lanes] for _ in range(SPLIT - 1)]
         whole = lo + (hi - lo) // (LANES * SPLIT) * (LANES * SPLIT)
         for k in range(lo, hi, LANES):
@@ -173,5 +237,24 @@ def _plain(op: str):
     return fold
 
 
-plain_python = SimpleNamespace(scratch=_plain_scratch, scaled_sums=_plain("sum"),  # no numba
-                               **{name: _plain(op) for name, op in _OPS.items()})
+def _plain_of(op: str):
+    fold = _plain(op)
+
+    def fold_of(terms, rows, scalars, lo, hi, lanes):
+        number = rows[0].dtype.type  # numpy's elementwise operations round as numba's scalar ones
+        names = ({f"r{k}": r[lo:hi] for k, r in enumerate(rows)}
+                 | {f"s{k}": number(s) for k, s in enumerate(scalars)})
+        with np.errstate(all="ignore"):
+            row = np.asarray(eval(_plain_code(terms), {}, names), rows[0].dtype)
+        return fold(row, 0, hi - lo, lanes)
+    return fold_of
+
+
+@functools.cache
+def _plain_code(terms: str):
+    return compile(terms, "<terms>", "eval")
+
+
+plain_python = SimpleNamespace(scratch=_plain_scratch,  # no numba
+                               **{name: _plain(op) for name, op in _OPS.items()},
+                               **{f"{name}_of": _plain_of(op) for name, op in _OPS.items()})

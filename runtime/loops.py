@@ -139,18 +139,26 @@ class Lanes(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Term(Expr):
+    """In a Fold's `terms`, the element of its row `k` at the term's position."""
+    k: int
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
 class Fold(Expr):
-    """`lanes`, each combined (`op`: sum, prod, max or min) with its terms row[lo + q],
-    row[lo + q + LANES], ... below `hi` (runtime/lanes.py): the values of the lanes after a
-    reduction's rounds. `row` is a local array (a Local naming it) or a Row. A Let assigns it
-    to the same Lanes. `scale`: each term multiplied by it first, in the row's type (a sum only:
-    `lanes.scaled_sums`)."""
+    """`lanes`, each combined (`op`: sum, prod, max or min) with its terms at lo + q,
+    lo + q + LANES, ... below `hi` (runtime/lanes.py): the values of the lanes after a
+    reduction's rounds. Each of `rows` is a local array (a Local naming it) or a Row. A term is
+    the one row's element, or `terms`: arithmetic (+ - * / and negation, in the rows' type)
+    of the rows' elements (Term k) and of expressions that do not change along the fold, which
+    the fold reads once (`lanes.sums_of`). A Let assigns it to the same Lanes."""
     op: str
-    row: Expr
+    rows: tuple[Expr, ...]
     lo: int
     hi: int
     lanes: Lanes
-    scale: Expr | None = None
+    terms: Expr | None = None
 
     @property
     def dtype(self) -> str:
@@ -441,9 +449,11 @@ def _expr(e) -> str:
             return ", ".join(map(_expr, locals))
         case Row(first):
             return f"row({show_expr(first)})"
-        case Fold(op, row, lo, hi, lanes, scale):
-            times = "" if scale is None else f", times {_expr(scale)}"
-            return f"fold_{op}({_expr(row)}, {lo}, {hi}, ({_expr(lanes)}){times})"
+        case Term(k):
+            return f"r{k}"
+        case Fold(op, rows, lo, hi, lanes, terms):
+            of = "" if terms is None else f"{_expr(terms)} of "
+            return f"fold_{op}({of}{', '.join(map(_expr, rows))}, {lo}, {hi}, ({_expr(lanes)}))"
         case Combine(op, lhs, rhs):
             return f"{op}({_expr(lhs)}, {_expr(rhs)})"
         case Improves(op, val, acc, arg):

@@ -36,7 +36,8 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `staging.py`, `stage_plane`: a staged pair's nests (`stage_depth`) with the first adjoint's
   plane kept in a local array (HALIDE_AD_SKIP=stage_plane stages no pair).
 * `row_sums.py`, `fuse_row_sums`: a row group's consecutive row sums, their terms written by one
-  loop over the row (layer norm's adj_var and adj_mean), each row folded where it was.
+  loop over the row (terms with a math function, which a fold does not compute), each row folded
+  where it was.
 
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the

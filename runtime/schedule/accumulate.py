@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from halide_ad.ir import INDEX_DTYPE, Bin, Const, Expr, Load, Op, Var, dtype_of, is_float
+from halide_ad.ir import INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Reduce, Var, dtype_of, is_float
 from halide_ad.runtime.lanes import LANES, SCRATCH_MAX
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Combine, Element, Fold, For, If, Kind, Lanes,
-                                     Let, Local, Row, Stmt, block)
+                                     Let, Local, Row, Stmt, Term, block)
 from halide_ad.affine import linear_form
 from halide_ad.traverse import simplify, substitute, walk
 
@@ -34,45 +34,62 @@ def pairwise(lanes: list[Local], op: str) -> Expr:
 def lane_rounds(var: Var, lo: int, whole: int, body: Expr, lanes: list[Local], op: str) -> Block:
     """Lane q accumulating `body` at var = lo + q, lo + q + LANES, ... below `whole`, folded in
     one vector (`runtime/lanes.py`), each lane combining its terms in the order a loop of LANES
-    scalar statements would: the same bits. A term that is a load walking a buffer's last axis
-    is folded from the buffer's row in place; other terms are written to a local row (on the
-    stack where short) by a loop that vectorizes, in their own float type where it is narrower
-    than the lanes' (the fold widens them, as the scalar adds did: float32 terms of a float64
-    sum write half the bytes)."""
+    scalar statements would: the same bits. Terms that are arithmetic of loads walking buffers'
+    last axes (and of values fixed along the loop) are computed by the fold from the buffers'
+    rows in place; other terms are written to a local row (on the stack where short) by a loop
+    that vectorizes, in their own float type where it is narrower than the lanes' (the fold
+    widens them, as the scalar adds did: float32 terms of a float64 sum write half the bytes)."""
     tuple_ = Lanes(tuple(lanes))
     term = "float32" if dtype_of(body) == "float32" else lanes[0].dtype
-    load, scale = _scaled(body, op, term)
-    if (offset := _row_offset(load, var)) is not None:
-        first = substitute(load, {var: Const(lo, INDEX_DTYPE)})
-        return block(Let(tuple_, Fold(op, Row(simplify(first)), lo + offset, whole + offset, tuple_, scale)))
+    if (in_place := _in_place(body, var, term)) is not None:
+        loads, terms, offset = in_place
+        rows = tuple(Row(simplify(substitute(load, {var: Const(lo, INDEX_DTYPE)}))) for load in loads)
+        return block(Let(tuple_, Fold(op, rows, lo + offset, whole + offset, tuple_, terms)))
     row = Local(f"{lanes[0].name.split('_lane')[0]}_terms{term[-2:]}", term)  # float32 -> acc_terms32
     n = whole - lo
     return block(
         Allocate(row.name, (n,), term, stack=n <= SCRATCH_MAX),
         For(var, lo, whole, Kind.SERIAL, block(Let(Element(row.name, (simplify(Bin(Op.SUB, var, Const(lo, INDEX_DTYPE))),),
                                                           term), body))),
-        Let(tuple_, Fold(op, row, 0, n, tuple_)))
+        Let(tuple_, Fold(op, (row,), 0, n, tuple_)))
 
 
-def _scaled(body: Expr, op: str, term: str) -> tuple[Expr, Const | None]:
-    """(load, c) where `body` is a sum's term load * c (a constant) of the terms' type `term`, read
-    in place by a scaled fold (a mean's terms: layer norm's forward over (4096, 1024) on one
-    thread wrote 16 MiB less to its stack rows); else (body, None)."""
-    match body:
-        case Bin(Op.MUL, Load() as load, Const() as c) if op == "sum" and dtype_of(body) == term == dtype_of(load):
-            return load, c
-    return body, None
+_ARITHMETIC = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
 
 
-def _row_offset(body: Expr, var: Var) -> int | None:
-    """c where `body` is a float load whose last index is var + c and whose others do not
-    depend on var: its terms are a stretch of one contiguous row."""
-    if not (isinstance(body, Load) and is_float(body.dtype) and body.index):
+def _in_place(body: Expr, var: Var, term: str) -> tuple[tuple[Load, ...], Expr | None, int] | None:
+    """(loads, terms, c) where `body`, of the terms' type `term`, is + - * / and negation in that
+    type of loads whose last index is var + c (the same c for all) and whose others do not
+    depend on var, and of expressions without var: `terms` is `body` with the k-th load a Term
+    k (None where `body` is the one load). Else None."""
+    loads: dict[Load, Term] = {}
+    offsets: set[int] = set()
+
+    def rewrite(e: Expr) -> Expr | None:
+        if dtype_of(e) != term:
+            return None
+        if var not in _vars(e):
+            return None if any(isinstance(n, Reduce) for n in walk(e)) else e
+        match e:
+            case Load(index=index) if index:
+                form = linear_form(index[-1])
+                if form is None or form[0] != {var: 1} or any(var in _vars(i) for i in index[:-1]):
+                    return None
+                offsets.add(form[1])
+                return loads.setdefault(e, Term(len(loads), term))
+            case Bin(op, a, b) if op in _ARITHMETIC:
+                a, b = rewrite(a), rewrite(b)
+                return None if a is None or b is None else Bin(op, a, b)
+            case Call("neg", (a,)):
+                a = rewrite(a)
+                return None if a is None else Call("neg", (a,))
+            case Call("stop_gradient", (a,)):
+                return rewrite(a)
         return None
-    form = linear_form(body.index[-1])
-    if form is None or form[0] != {var: 1} or any(var in _vars(e) for e in body.index[:-1]):
+
+    if not is_float(term) or (terms := rewrite(body)) is None or len(offsets) != 1:
         return None
-    return form[1]
+    return tuple(loads), None if isinstance(terms, Term) else terms, offsets.pop()
 
 
 def _vars(e: Expr) -> set[Var]:

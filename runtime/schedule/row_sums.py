@@ -1,12 +1,13 @@
 """fuse_row_sums: the rows of terms of consecutive lane folds written by one loop over the row.
 
-`split_accumulators` writes a long sum's terms to a row on the stack in a loop of their own, then
-folds the row (`lane_rounds`: an Allocate, the loop, a Fold). In a row group, consecutive adjoints
-that each sum a row (layer norm's adj_var and adj_mean, both reading the cotangent's row and the
-gain) made one such loop over the row each. Where the second's terms read nothing that the first
-nest writes, nor anything its own nest writes before them, and both loops run under the same
-enclosing loops (each of one iteration) and tests, the second's terms join the first's loop: one
-pass over the row writes both rows, and each is folded where it was. Every term is computed and
+`split_accumulators` writes a long sum's terms that a fold cannot compute itself (a math
+function's, as tanh's) to a row on the stack in a loop of their own, then folds the row
+(`lane_rounds`: an Allocate, the loop, a Fold). In a row group, consecutive adjoints that each
+sum such a row (of y = (x - mean) * tanh(x) * s, adj_s's and adj_mean's, both reading the
+cotangent's row and tanh(x)) made one such loop over the row each. Where the second's terms
+read nothing that the first nest writes, nor anything its own nest writes before them, and both
+loops run under the same enclosing loops (each of one iteration) and tests, the second's terms
+join the first's loop: one pass over the row writes both rows, and each is folded where it was. Every term is computed and
 folded as before: the same bits.
 """
 from __future__ import annotations

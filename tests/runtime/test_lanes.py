@@ -66,19 +66,71 @@ def test_scratch_holds_a_row_of_terms():
         too_long()
 
 
+# (fold, terms, rows, scalars) of each fold of _terms_in_place: rows of (x, y), scalars of (a, b)
+_TERMS = (("sums", "(r0 * s0)", 1, 1), ("sums", "(((r0 - s0) * (r0 - s0)) * s1)", 1, 2),
+          ("maxima", "(-((r0 * r1) / s1))", 2, 2), ("minima", "((r0 / r1) + (-r1))", 2, 0))
+
+
 @njit
-def _scaled(row, lo, hi, init, c):
-    return lanes.scaled_sums(row, lo, hi, init, c)
+def _terms_in_place(x, y, a, b, lo, hi, init):
+    """Each of _TERMS folded by the fold from the rows (literals, as generated code writes them)."""
+    return (lanes.sums_of("(r0 * s0)", (x,), (a,), lo, hi, init),
+            lanes.sums_of("(((r0 - s0) * (r0 - s0)) * s1)", (x,), (a, b), lo, hi, init),
+            lanes.maxima_of("(-((r0 * r1) / s1))", (x, y), (a, b), lo, hi, init),
+            lanes.minima_of("((r0 / r1) + (-r1))", (x, y), (), lo, hi, init))
 
 
-@pytest.mark.parametrize("row_dtype, lane_dtype", [(np.float32, np.float64), (np.float64, np.float64)])
-def test_a_scaled_fold_is_the_fold_of_the_scaled_row(row_dtype, lane_dtype):
+@njit(error_model="numpy")  # as kernels divide: x / 0 is inf or nan
+def _terms_in_a_row(x, y, a, b, lo, hi, init):
+    """The same terms, written to a row by scalar code first, as a fold's terms were before."""
+    rows = np.empty((4, x.size), x.dtype)
+    for k in range(lo, hi):
+        rows[0, k] = x[k] * a
+        rows[1, k] = ((x[k] - a) * (x[k] - a)) * b
+        rows[2, k] = -((x[k] * y[k]) / b)
+        rows[3, k] = (x[k] / y[k]) + (-y[k])
+    return (lanes.sums(rows[0], lo, hi, init), lanes.sums(rows[1], lo, hi, init),
+            lanes.maxima(rows[2], lo, hi, init), lanes.minima(rows[3], lo, hi, init))
+
+
+@pytest.mark.parametrize("row_dtype, lane_dtype", [(np.float32, np.float64), (np.float64, np.float64),
+                                                   (np.float32, np.float32)])
+def test_terms_computed_in_the_fold_give_the_bits_of_a_row_of_terms(row_dtype, lane_dtype):
     rng = np.random.default_rng(1)
-    row = (rng.standard_normal(16 * LANES + 5) * 1e3).astype(row_dtype)
-    c = row_dtype(1 / 768)  # no power of two: each product rounds
+    x, y = (rng.standard_normal(16 * LANES + 5) * 1e3).astype(row_dtype), rng.standard_normal(16 * LANES + 5).astype(row_dtype)
+    x[[9, 30, 31]] = np.nan, np.inf, -0.0
+    y[[12, 40]] = 0.0, -np.inf
+    a, b = row_dtype(0.37), row_dtype(1 / 768)  # no power of two: each product rounds
     init = tuple(np.linspace(-1, 1, LANES, dtype=lane_dtype))
     lo, hi = 8, 8 + 15 * LANES
-    want = np.array(_fold_all(row * c, lo, hi, init)[0], lane_dtype)  # the row of terms, as before
-    assert np.array_equal(np.array(_scaled(row, lo, hi, init, c), lane_dtype).view(np.uint8), want.view(np.uint8))
-    plain = lanes.plain_python.scaled_sums(row, lo, hi, init, c)
-    assert np.array_equal(np.array(plain, lane_dtype).view(np.uint8), want.view(np.uint8))
+    with np.errstate(all="ignore"):
+        want = [np.array(v, lane_dtype).view(np.uint8) for v in _terms_in_a_row(x, y, a, b, lo, hi, init)]
+        got = _terms_in_place(x, y, a, b, lo, hi, init)
+        for k, (fold, terms, rows, scalars) in enumerate(_TERMS):
+            assert np.array_equal(np.array(got[k], lane_dtype).view(np.uint8), want[k]), terms
+            plain = getattr(lanes.plain_python, f"{fold}_of")(terms, (x, y)[:rows], (a, b)[:scalars], lo, hi,
+                                                              tuple(map(lane_dtype, init)))
+            plain = np.array(plain, lane_dtype)
+            # the same bits, but for a NaN's sign: numpy's negation flips it, numba's keeps it
+            assert np.array_equal(plain, want[k].view(lane_dtype), equal_nan=True), terms
+            assert np.array_equal(plain[~np.isnan(plain)].view(np.uint8),
+                                  want[k].view(lane_dtype)[~np.isnan(plain)].view(np.uint8)), terms
+
+
+def _sums_of(terms: str):
+    """njit of x -> the sums of `terms` over x's row and the scalar 1, `terms` a literal in its text."""
+    namespace = {"lanes": lanes, "np": np}
+    exec(f"def f(x):\n    return lanes.sums_of({terms!r}, (x,), (np.float32(1),), 0, x.size, (0.0,) * {LANES})",
+         namespace)
+    return njit(namespace["f"])
+
+
+def test_a_fold_refuses_terms_it_cannot_compute():
+    """Anything but + - * / and negation of the rows and scalars it is given is a typing error,
+    never a guess (the schedule writes a row of terms for those)."""
+    from numba.core.errors import TypingError
+    x = np.arange(4 * LANES, dtype=np.float32)
+    assert sum(_sums_of("(-(r0 * s0))")(x)) == -x.sum()
+    for terms in ("r0 ** s0", "exp(r0)", "r2", "s1 * r0", "r0 <"):
+        with pytest.raises(TypingError):
+            _sums_of(terms)(x)

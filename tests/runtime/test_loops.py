@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 import halide_ad as hd
-from halide_ad.ir import Bin, Const, Load, Op, Var
+from halide_ad.ir import INDEX_DTYPE, Bin, Const, Load, Op, Var
 from halide_ad.runtime import emit, lower
 from halide_ad.runtime.emit import Emitter
 from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Chain, Combine, Element, Fold, For, If, IfElse, Kind, Let, Local,
-                                     Store, Text, block, Row, loops, nest, walk)
+                                     Store, Term, Text, block, Row, loops, nest, walk)
 from halide_ad.runtime.loops import show as loops_show
 from halide_ad.runtime.parallel import parallel_for
 from halide_ad.runtime.schedule.accumulate import LANES, pairwise, split_accumulators
@@ -199,11 +199,11 @@ def _fold_of(s) -> Let:
 
 
 def test_split_accumulators_folds_a_long_contiguous_sum_in_lanes():
-    """A term that is not a plain load goes to a row of terms (float32 terms in float32), then
-    the fold."""
-    from halide_ad.ir import Func, Range, Reduce
+    """A term the fold cannot compute (a call, here) goes to a row of terms (float32 terms in
+    float32), then the fold."""
+    from halide_ad.ir import Call, Func, Range, Reduce
     r = Var("r")
-    square = Bin(Op.MUL, Load("x", (i, r), "float32"), Load("x", (i, r), "float32"))
+    square = Call("exp", (Load("x", (i, r), "float32"),))
     f = Func("out", (i,), (3,), Reduce("sum", square, (Range(r, 0, 2 * LANES + 3),)), "float32")
     s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
     terms, rest = [n for n in loops(s) if n.var == r]
@@ -211,7 +211,8 @@ def test_split_accumulators_folds_a_long_contiguous_sum_in_lanes():
     assert terms.body.body == (Let(Element("acc_terms32", (r,), "float32"), f.body.body),)
     fold = _fold_of(s).value
     assert [v.name for v in fold.lanes.locals] == ["acc"] + [f"acc_lane{q}" for q in range(1, LANES)]
-    assert (fold.op, fold.row, fold.lo, fold.hi) == ("sum", Local("acc_terms32", "float32"), 0, 2 * LANES)
+    assert (fold.op, fold.rows, fold.lo, fold.hi, fold.terms) == ("sum", (Local("acc_terms32", "float32"),), 0, 2 * LANES,
+                                                            None)
     assert [n.target.name for n in walk(rest) if isinstance(n, Accumulate)] == ["acc"]
     lets = [n for n in walk(s) if isinstance(n, Let) and isinstance(n.var, Local)]
     assert [n.value for n in lets[:-1]] == [lower.identity("sum", "float32")] * LANES  # each at the identity
@@ -225,17 +226,42 @@ def test_split_accumulators_folds_a_row_of_loads_in_place():
     (rest,) = [n for n in loops(s) if n.var == Var("r")]
     assert (rest.lo, rest.hi) == (2 * LANES, 2 * LANES + 3)
     fold = _fold_of(s).value
-    assert isinstance(fold.row, Row) and fold.row.first.buffer == "x" and fold.row.first.index[0] == i
+    (row,) = fold.rows
+    assert isinstance(row, Row) and row.first.buffer == "x" and row.first.index[0] == i
     assert (fold.lo, fold.hi) == (0, 2 * LANES) and not any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
-    assert fold.scale is None
-    from halide_ad.ir import Func, Range, Reduce
-    r, half = Var("r"), Const(0.5, "float32")  # a mean's terms: x's row in place, each term times 0.5 in the fold
-    f = Func("out", (i,), (3,), Reduce("sum", Bin(Op.MUL, Load("x", (i, r), "float32"), half),
-                                       (Range(r, 0, 2 * LANES + 3),)), "float32")
-    s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
-    fold = _fold_of(s).value
-    assert isinstance(fold.row, Row) and fold.row.first.buffer == "x" and fold.scale == half
-    assert not any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
+    assert fold.terms is None
+
+
+def test_split_accumulators_computes_arithmetic_terms_in_the_fold():
+    """Terms that are + - * / of rows and of values fixed along the sum are computed by the fold
+    from the rows in place: a mean's x[i, r] * 0.5, a variance's centred squares, a dot
+    product's x[i, r] * y[i, r + 1] (both rows at offset 1: the fold starts there)."""
+    from halide_ad.ir import Call, Func, Range, Reduce
+    r, half, m = Var("r"), Const(0.5, "float32"), Load("m", (i,), "float32")
+
+    def folded(term):
+        f = Func("out", (i,), (3,), Reduce("sum", term, (Range(r, 0, 2 * LANES + 3),)), "float32")
+        s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
+        assert not any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
+        return _fold_of(s).value
+
+    def x(buffer="x", at=r):
+        return Load(buffer, (i, at), "float32")
+    mean = folded(Bin(Op.MUL, x(), half))
+    assert [row.first.buffer for row in mean.rows] == ["x"] and mean.terms == Bin(Op.MUL, Term(0, "float32"), half)
+    centred = Bin(Op.SUB, x(), Call("stop_gradient", (m,)))
+    var = folded(Bin(Op.MUL, centred, centred))
+    d = Bin(Op.SUB, Term(0, "float32"), Call("stop_gradient", (m,)))
+    assert len(var.rows) == 1 and var.terms == Bin(Op.MUL, d, d)
+    r1 = Bin(Op.ADD, r, Const(1, INDEX_DTYPE))
+    dot = folded(Call("neg", (Bin(Op.MUL, x("x", r1), x("y", r1)),)))
+    assert [row.first.buffer for row in dot.rows] == ["x", "y"] and (dot.lo, dot.hi) == (1, 2 * LANES + 1)
+    assert dot.terms == Call("neg", (Bin(Op.MUL, Term(0, "float32"), Term(1, "float32")),))
+    # rows at different offsets, or a row of another type than the term's, take the row of terms
+    for term in (Bin(Op.MUL, x(), x("y", r1)), Bin(Op.MUL, x(), Const(0.5, "float64"))):
+        f = Func("out", (i,), (3,), Reduce("sum", term, (Range(r, 0, 2 * LANES + 3),)), "float32")
+        s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
+        assert any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
 
 
 def test_split_accumulators_keeps_short_masked_and_strided_sums_whole():
@@ -351,7 +377,7 @@ def test_split_accumulators_runs_a_long_window_in_lanes_added_to_acc():
     assert (rest.lo, rest.hi) == (2 * LANES + 1, 2 * LANES + 2)
     fold = _fold_of(s).value  # y[j, r] for r from 1: y's row j, from element 1
     assert [v.name for v in fold.lanes.locals] == [f"acc_lane{q}" for q in range(LANES)]
-    assert isinstance(fold.row, Row) and (fold.lo, fold.hi) == (1, 2 * LANES + 1)
+    assert isinstance(fold.rows[0], Row) and (fold.lo, fold.hi) == (1, 2 * LANES + 1)
     lanes = [Local(f"acc_lane{q}", "float64") for q in range(LANES)]
     combined = next(n for n in walk(s) if isinstance(n, Accumulate) and n.target == acc)  # after the rounds
     assert combined.augmented and combined.value == pairwise(lanes, "sum")

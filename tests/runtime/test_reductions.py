@@ -232,10 +232,11 @@ def _layer_norm(x, g, b):
 @pytest.mark.parametrize("columns", [2 * LANES, 8 * LANES + 3])
 def test_a_gradient_summing_over_a_row_adds_lanes(rng, columns):
     """softmax's adjoint of its row sum is a window over the row: LANES partial sums over the
-    columns (`split_accumulators`, folded in one vector: `lanes.sums`), then the rest, with
-    extents that leave a partial round."""
+    columns (`split_accumulators`, folded in one vector, each term the product of the cotangent's
+    and exp's rows computed by the fold: `lanes.sums_of`), then the rest, with extents that leave
+    a partial round."""
     x = rng.standard_normal((300, columns)).astype(np.float32)
-    assert " = lanes.sums(acc_terms" in hd.explain(_softmax, x).backward_source
+    assert ' = lanes.sums_of("(r0 * r1)", (adj_softmax[' in hd.explain(_softmax, x).backward_source
     y, vjp = hd.vjp(_softmax, x)
     ct = rng.standard_normal(x.shape).astype(np.float32)
     (gx,) = vjp(ct)

@@ -32,7 +32,7 @@ def test_the_planes_stores_and_reads_become_the_locals_elements():
     consumer = For(j, 0, 3, Kind.SERIAL, block(
         Let(hoisted, _p(n, j)),
         Accumulate(Load("adj_q", (n, j), "float32"), Bin(Op.ADD, hoisted, _p(n, _plus(j, 1))), augmented=True),
-        Let(lanes, Fold("sum", Row(_p(n, Const(0, INDEX_DTYPE))), 0, 4, lanes))))
+        Let(lanes, Fold("sum", (Row(_p(n, Const(0, INDEX_DTYPE))),), 0, 4, lanes))))
     out = stage_plane(block(producer, consumer), "adj_p", 1, "stage1", "float32")
 
     def at(*index):
@@ -43,14 +43,14 @@ def test_the_planes_stores_and_reads_become_the_locals_elements():
         For(j, 0, 3, Kind.SERIAL, block(
             Let(hoisted, at(j)),  # the hoisted local keeps its load (it prints as its name)
             Accumulate(Load("adj_q", (n, j), "float32"), Bin(Op.ADD, hoisted, at(_plus(j, 1))), augmented=True),
-            Let(lanes, Fold("sum", Local("stage1", "float32"), 0, 4, lanes)))))  # a row of the plane: the local
+            Let(lanes, Fold("sum", (Local("stage1", "float32"),), 0, 4, lanes)))))  # a row of the plane: the local
     # only the elements read are written: a select that reads one keeps its branch, as for a load
     pick = Select(Bin(Op.GT, j, Const(0, INDEX_DTYPE)), at(j), Const(0.0, "float32"))
     assert Emitter({}).expr(pick).startswith("(stage1[j] if ")
     assert Emitter({}).expr(replace(pick, true=Element("row1", (j,), "float32"))).startswith("branchless(")
     # a plane of two dimensions: a row of it is the local's row
-    row = stage_plane(Let(lanes, Fold("sum", Row(_p(n, i, Const(0, INDEX_DTYPE))), 0, 4, lanes)), "adj_p", 1, "s", "float32")
-    assert row.value.row == Element("s", (i,), "float32", partial=True)
+    row = stage_plane(Let(lanes, Fold("sum", (Row(_p(n, i, Const(0, INDEX_DTYPE))),), 0, 4, lanes)), "adj_p", 1, "s", "float32")
+    assert row.value.rows == (Element("s", (i,), "float32", partial=True),)
 
 
 def _pipeline(a):
