@@ -50,9 +50,11 @@ def _generated(key, emit):
     """`emit()`, a kernel's generated code, or what an earlier process stored for `key`
     (disk_cache): a process that loads the kernels skips scheduling (0.14 s of bilinear's
     forward). Not stored where a z3 query answered 'unknown' meanwhile: a later run, with more
-    time, may do better."""
+    time, may do better. Emitted afresh while HALIDE_AD_DUMP names a stage: a loaded kernel
+    would print none."""
     unknowns = z3_bridge.unknown_answers()
-    return disk_cache.cached(key, emit, lambda: z3_bridge.unknown_answers() == unknowns)
+    return disk_cache.cached(key, emit, lambda: z3_bridge.unknown_answers() == unknowns,
+                             load_stored=not config.dumped_stages())
 
 
 def _numba_step(source: str, params: list[str], checks: list[str], entry: str, title: str,

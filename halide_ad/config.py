@@ -13,7 +13,7 @@ running process (the compiled kernels key on the settings that shape them).
 | HALIDE_AD_PARALLEL_MIN_POINTS | 2**17 | the fewest points of a loop nest that run on the thread pool |
 | HALIDE_AD_POOL_BYTES | 2**30 | bytes of freed buffers kept for reuse (read at import) |
 | HALIDE_AD_Z3_TIMEOUT_MS | 2000 | z3's time limit per query (read at import) |
-| HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, any schedule pass (`choose_parallel`, ...: the nest it returns), any schedule decision (`interior`, `loads_to_hoist`, ...: what it decided, a line per call), `updates` (each update's loop nest), `source` |
+| HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, any schedule pass (`choose_parallel`, ...: the nest it returns), any schedule decision (`interior`, `loads_to_hoist`, ...: what it decided, a line per call), `updates` (each update's loop nest), `source`; while it names any, generated code is emitted afresh, not read from the disk cache, so that the stages print |
 | HALIDE_AD_KERNEL_SNAPSHOT | (none) | a folder that keeps every generated kernel's source (tools/kernel_snapshot.py) |
 | HALIDE_AD_SNAPSHOT_CONTEXT | (the running test) | what the snapshot's index says generated each kernel |
 | HALIDE_AD_SKIP | (none) | optional passes to leave out, comma-separated: `route` (engines), `inline` (adjoints), `fuse` (forward), any schedule pass, `interior` (no box, regions or phases around gather nests), `separable_window` (and the pass `separable`), `tabled_points` (corners from tables), `taps_by_rows` (a box's windows a row at a time), `read_box` (a staged plane computed only where read), `rows_at_once` (a folded sum over the rows added a row at a time) |
@@ -70,7 +70,11 @@ def z3_timeout_ms() -> int:
 
 
 def dumped(stage: str) -> bool:
-    return stage in os.environ.get("HALIDE_AD_DUMP", "").split(",")
+    return stage in dumped_stages()
+
+
+def dumped_stages() -> tuple[str, ...]:
+    return tuple(filter(None, os.environ.get("HALIDE_AD_DUMP", "").split(",")))
 
 
 def compile_settings() -> tuple:

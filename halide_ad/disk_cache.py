@@ -58,11 +58,11 @@ def load(key):
         return None
 
 
-def cached(key, compute, keep=lambda: True):
-    """`compute()`, or its value stored for `key` by an earlier call or process. Stored only where
-    `keep()` holds once it is computed (the driver passes: no z3 query answered 'unknown' meanwhile,
-    so that a later run, with more time, may do better)."""
-    value = load(key)
+def cached(key, compute, keep=lambda: True, load_stored=True):
+    """`compute()`, or its value stored for `key` by an earlier call or process (where
+    `load_stored`). Stored only where `keep()` holds once it is computed (the driver passes: no z3
+    query answered 'unknown' meanwhile, so that a later run, with more time, may do better)."""
+    value = load(key) if load_stored else None
     if value is None:
         value = compute()
         if keep():
