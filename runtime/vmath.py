@@ -89,13 +89,6 @@ _I0 = np.int32(0)
 _SIGN = np.int32(-0x80000000)
 
 
-@_inline
-def _scale2(y, n):
-    """y * 2**n for int32 n in [-150, 128], in two steps so that each factor is a normal float."""
-    n1 = n >> _I1
-    return y * float32_of((n1 + _I127) << _I23) * float32_of((n - n1 + _I127) << _I23)
-
-
 @intrinsic
 def fma(typingctx, a, b, c):
     """a * b + c rounded once (LLVM's fma): half the instructions of a multiply and an add, and
@@ -114,7 +107,9 @@ def fma(typingctx, a, b, c):
 # the sum's low mantissa bits: n = bits(sum) - bits(1.5 * 2**23), with no float -> int
 # conversion. With 127 more, the low 8 bits are 2**n's exponent field.
 _ROUNDER, _ROUNDER_BIASED = F32(12582912.0), F32(12582912.0 + 127.0)
-_ROUNDER_BITS = np.int32(0x4B400000)
+# exp's 2**(n - 1), and below -86 2**(n + 63): normal floats for n in [-150, 128]
+_ROUNDER_EXP, _ROUNDER_EXP_LOW = F32(12582912.0 + 126.0), F32(12582912.0 + 126.0 + 64.0)
+_TWO_M63 = F32(2.0**-63)
 
 
 @_inline
@@ -140,10 +135,15 @@ def _reduce_ln2(c, rounder):
 
 @_inline
 def exp_f32(x):
+    """2**n exp(r) formed as s (1 + p(r)) in one fused multiply-add, with s = 2**(n - 1) read
+    from the rounding sum's low bits and doubled after: normal up to n = 128, where exp(88.7)
+    is still finite. Below -86 the results reach the subnormals (n down to -150): s is
+    2**(n + 63) there and the one scaling by 2**-63 rounds once. NaN passes through every step."""
     c = branchless(x < F32(-104.0), F32(-104.0), branchless(x > F32(89.0), F32(89.0), x))
-    k, r = _reduce_ln2(c, _ROUNDER)
-    y = _scale2(_expm1_reduced(r) + _ONE, bits32(k) - _ROUNDER_BITS)
-    return branchless(x == x, y, x)
+    low = c < F32(-86.0)
+    k, r = _reduce_ln2(c, branchless(low, _ROUNDER_EXP_LOW, _ROUNDER_EXP))
+    s = float32_of(bits32(k) << _I23)
+    return fma(_expm1_reduced(r), s, s) * branchless(low, _TWO_M63, _TWO)
 
 
 @_inline
@@ -201,14 +201,14 @@ _TWO_65, _TWO_M65 = F32(2.0**65), F32(2.0**-65)
 def sigmoid_f32(x):
     """1 / (1 + exp(-x)) as e / (1 + e) below 0, e = exp(-|x|) <= 1: exp(-x) would overflow
     below -88.7 where the result is still a subnormal. e is formed as 2**65 e, a normal float
-    down to the smallest subnormal result, and the quotient is scaled back at the end: one
-    scaling where exp_f32's subnormals take two, and no test for NaN (it passes through). The
-    same bits as e = exp_f32(-|x|) and e / (1 + e) for every float32 input (all 2**32 compared
-    at 016a6cb); x * sigmoid(x) over 4M elements on one thread, 1.84 -> 1.60 ms."""
+    down to the smallest subnormal result, and the quotient is scaled back at the end. The
+    same bits as e = exp_f32(-|x|) and e / (1 + e) for every float32 input but NaNs
+    (`tools/vmath_exhaustive.py --sigmoid-bits`)."""
     a = np.abs(x)
     c = branchless(a > F32(104.0), F32(-104.0), -a)  # NaN stays
     k, r = _reduce_ln2(c, _ROUNDER_SIGMOID)
-    e = (_expm1_reduced(r) + _ONE) * float32_of(bits32(k) << _I23)  # 2**65 exp(c)
+    s = float32_of(bits32(k) << _I23)
+    e = fma(_expm1_reduced(r), s, s)  # 2**65 exp(c), rounded once as exp_f32 rounds it
     q = branchless(x >= F32(0), _TWO_65, e) / fma(e, _TWO_M65, _ONE)
     return q * _TWO_M65
 
