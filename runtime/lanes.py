@@ -75,8 +75,9 @@ def _fold_of(op: str):
         """`fold` of the terms that `terms` (the text of an arithmetic expression: + - * / and
         unary -, over r0, r1, ... and s0, s1, ...) gives at each k: rk the element k of rows[k],
         sk the number scalars[k], computed as numba computes that expression of scalars, in the
-        rows' float type (all rows of one type; a scalar is converted to it). The terms of a reduction read in
-        place, where the loop that wrote them to a row first cost softmax's backward 8-10%."""
+        rows' float type (all rows of one type; a scalar is converted to it). The terms of a
+        reduction read in place, where the loop that wrote them to a row first cost softmax's
+        backward 8-10%."""
         if not (isinstance(terms, types.StringLiteral) and isinstance(rows, types.BaseTuple) and len(rows)
                 and isinstance(scalars, types.BaseTuple) and _lanes(lanes) and all(map(_row, rows))):
             return None

@@ -83,7 +83,7 @@ _ONE, _HALF, _TWO = F32(1), F32(0.5), F32(2)
 
 # int32 constants: numba widens int32 arithmetic with a Python int to int64, and 64-bit lanes
 # halve the vector width (exp over 4M float32 took 5.2 ms on one thread, 2.1 in int32)
-_I1, _I23, _I126, _I127, _I149 = (np.int32(k) for k in (1, 23, 126, 127, 149))
+_I1, _I23, _I126, _I149 = (np.int32(k) for k in (1, 23, 126, 149))
 _MANTISSA, _HALF_EXPONENT = np.int32(0x007FFFFF), np.int32(0x3F000000)
 _I0 = np.int32(0)
 _SIGN = np.int32(-0x80000000)
@@ -106,7 +106,7 @@ def fma(typingctx, a, b, c):
 # Adding 1.5 * 2**23 to a float32 below 2**22 in magnitude rounds it to an integer n, held in
 # the sum's low mantissa bits: n = bits(sum) - bits(1.5 * 2**23), with no float -> int
 # conversion. With 127 more, the low 8 bits are 2**n's exponent field.
-_ROUNDER, _ROUNDER_BIASED = F32(12582912.0), F32(12582912.0 + 127.0)
+_ROUNDER_BIASED = F32(12582912.0 + 127.0)
 # exp's 2**(n - 1), and below -86 2**(n + 63): normal floats for n in [-150, 128]
 _ROUNDER_EXP, _ROUNDER_EXP_LOW = F32(12582912.0 + 126.0), F32(12582912.0 + 126.0 + 64.0)
 _TWO_M63 = F32(2.0**-63)

@@ -7,8 +7,8 @@ sum such a row (of y = (x - mean) * tanh(x) * s, adj_s's and adj_mean's, both re
 cotangent's row and tanh(x)) made one such loop over the row each. Where the second's terms
 read nothing that the first nest writes, nor anything its own nest writes before them, and both
 loops run under the same enclosing loops (each of one iteration) and tests, the second's terms
-join the first's loop: one pass over the row writes both rows, and each is folded where it was. Every term is computed and
-folded as before: the same bits.
+join the first's loop: one pass over the row writes both rows, and each is folded where it
+was. Every term is computed and folded as before: the same bits.
 """
 from __future__ import annotations
 
