@@ -19,7 +19,8 @@ LONG_SUM = 256  # terms from which a float32 sum or product accumulates in float
 def accumulator_dtype(op: str, dtype: str, terms: int) -> str:
     """float64 for a float32 sum or product of LONG_SUM terms or more. Each float32 add rounds
     to the running total's precision: a sum of 16M squares came out 2% low. The result is
-    rounded to float32 once, at the store."""
+    rounded to float32 once, at the store. A sum folded in vector lanes adds its terms in
+    float32 a block at a time, then each block in float64 (`lanes.BLOCK`)."""
     return "float64" if op in ("sum", "prod") and dtype == "float32" and terms >= LONG_SUM else dtype
 
 

@@ -4,7 +4,7 @@ import pytest
 from numba import njit
 
 from halide_ad.runtime import lanes
-from halide_ad.runtime.lanes import LANES, SPLIT
+from halide_ad.runtime.lanes import BLOCK, LANES, SPLIT
 
 
 @njit
@@ -16,10 +16,18 @@ def _fold_all(row, lo, hi, init):
 def _scalar_lanes(row, lo, hi, init, op):
     """Lane q of vector s combining row[k + q] for the rounds k in range(lo, hi, LANES) whose
     number is s mod SPLIT (vector 0 those past the last whole group of SPLIT), one element at a
-    time; then the vectors combined pairwise."""
+    time; then the vectors combined pairwise. A float32 sum in float64 lanes sums each BLOCK of
+    rounds so in float32 from zeros, then the rounds past the whole groups, and adds each such
+    part to the lanes in float64."""
     identity = {np.add: 0.0, np.multiply: 1.0, np.maximum: -np.inf, np.minimum: np.inf}[op]
-    vecs = [list(init)] + [[init.dtype.type(identity)] * LANES for _ in range(SPLIT - 1)]
     whole = lo + (hi - lo) // (LANES * SPLIT) * (LANES * SPLIT)
+    if op is np.add and row.dtype.itemsize < init.dtype.itemsize:
+        total = init.copy()
+        for b in [*range(lo, whole, BLOCK), whole]:
+            part = _scalar_lanes(row, b, min(b + BLOCK, whole) if b < whole else hi, np.zeros(LANES, row.dtype), op)
+            total = total + part.astype(init.dtype)
+        return total
+    vecs = [list(init)] + [[init.dtype.type(identity)] * LANES for _ in range(SPLIT - 1)]
     for k in range(lo, hi, LANES):
         s = (k - lo) // LANES % SPLIT if k < whole else 0
         for q in range(LANES):
@@ -31,20 +39,21 @@ def _scalar_lanes(row, lo, hi, init, op):
 
 @pytest.mark.parametrize("row_dtype, lane_dtype", [(np.float32, np.float64), (np.float64, np.float64),
                                                    (np.float32, np.float32)])
-def test_fold_matches_scalar_lanes_bit_for_bit(row_dtype, lane_dtype):
+@pytest.mark.parametrize("rounds", [15, 2 * BLOCK // LANES + 2 * SPLIT + 3])  # under a block; two and a bit
+def test_fold_matches_scalar_lanes_bit_for_bit(row_dtype, lane_dtype, rounds):
     rng = np.random.default_rng(0)
-    row = (rng.standard_normal(16 * LANES + 5) * 1e3).astype(row_dtype)
+    row = (rng.standard_normal((rounds + 1) * LANES + 5) * 1e3).astype(row_dtype)
     row[[3, 20]] = np.nan, -0.0  # a NaN wins a max and a min (numpy's rule); -0 against +0 keeps the first
     row[40:48] = 1.0  # keeps the products finite over a stretch
     init = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 2.5, 1e-30], lane_dtype)
-    lo, hi = 8, 8 + 15 * LANES
+    lo, hi = 8, 8 + rounds * LANES
     folded = _fold_all(row, lo, hi, tuple(init))
     ops = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
     with np.errstate(all="ignore"):
         for got, (name, op) in zip(folded, ops.items(), strict=True):
             want = _scalar_lanes(row, lo, hi, init, op).view(np.uint8)
             assert np.array_equal(np.array(got, lane_dtype).view(np.uint8), want), name
-            plain = getattr(lanes.plain_python, lanes.FOLD[name])(row.astype(lane_dtype), lo, hi, tuple(init))
+            plain = getattr(lanes.plain_python, lanes.FOLD[name])(row, lo, hi, tuple(init))
             assert np.array_equal(np.array(plain, lane_dtype).view(np.uint8), want), name
 
 
