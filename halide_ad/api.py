@@ -389,11 +389,14 @@ class Function:
         traced = self._traces.get(signature)
         captured = None if traced is None else capture.read(traced.captured, self.fn)
         if captured is None:  # first call of this signature, or a captured array changed shape
-            with self._lock:  # one trace per signature, however many threads call it at once
-                traced, captured = self._trace(names, classified, kw)
-                if capture.read(traced.captured, self.fn) is None:
-                    return traced, arrays | captured  # an array found on no path: trace every call
-                self._traces[signature] = traced
+            with self._lock:  # one trace per signature, however many threads call it at once:
+                traced = self._traces.get(signature)  # a thread that waited here finds the first one's
+                captured = None if traced is None else capture.read(traced.captured, self.fn)
+                if captured is None:
+                    traced, captured = self._trace(names, classified, kw)
+                    if capture.read(traced.captured, self.fn) is None:
+                        return traced, arrays | captured  # an array found on no path: trace every call
+                    self._traces[signature] = traced
         arrays |= captured
         if key is not None and key == key and all(  # (a NaN option never equals itself)
                 a.dtype.isnative for a in (*args, *kwargs.values()) if type(a) is np.ndarray):

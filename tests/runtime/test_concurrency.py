@@ -12,10 +12,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 
 import halide_ad as hd
+from halide_ad import api
 from halide_ad.runtime import compile as C
 from halide_ad.trace import current
 from tests import programs as P
@@ -41,6 +43,7 @@ GRADIENTS = """
 import hashlib
 import numpy as np
 import halide_ad as hd
+from halide_ad import api
 from tests import programs as P
 
 def gradient_digest():
@@ -93,6 +96,12 @@ def test_one_func_from_four_threads_traces_and_compiles_once(monkeypatch):
         compiled.append((title, entry, hashlib.sha256(source.encode()).hexdigest()))
         return real(source, entry, title, shapes)
     monkeypatch.setattr(compiler, "compile_kernel", counting)
+    real_trace = api.Function._trace
+
+    def slow_trace(self, *args):
+        time.sleep(0.2)  # the other threads reach the trace lock while the first one traces
+        return real_trace(self, *args)
+    monkeypatch.setattr(api.Function, "_trace", slow_trace)
 
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((5, 7)), np.array([0.5, 2.0])
@@ -127,6 +136,7 @@ def test_one_func_from_four_threads_traces_and_compiles_once(monkeypatch):
 FILL_CACHE = """
 import numpy as np
 import halide_ad as hd
+from halide_ad import api
 from tests import programs as P
 
 img = np.random.default_rng(11).standard_normal((7, 9))
@@ -163,6 +173,7 @@ CORRUPTIONS = """
 import glob, os, sys
 import numpy as np
 import halide_ad as hd
+from halide_ad import api
 from halide_ad.api import as_function
 from halide_ad.compiler import compile_forward
 from halide_ad.runtime.execute import run_forward
