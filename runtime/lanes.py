@@ -6,13 +6,13 @@ arithmetic of several rows' elements.
 results, lane q taking the terms at lo + q, lo + q + LANES, ... Written as LANES scalar
 statements these stay scalar: numba leaves LLVM's SLP vectorizer off (`NUMBA_SLP_VECTORIZE`),
 and the loop vectorizer may not reorder a float reduction. So a fold runs the rounds with the
-lanes in vector registers: over a buffer's row in place where each term is its element; with
-the terms computed in the fold, a vector at a time, where they are + - * / and negation of rows'
-elements and of numbers (a mean's x * c, a variance's (x - m) * (x - m), softmax's gradient's
-ct * e); else over a row of terms that the kernel writes first in a plain loop (which
-vectorizes). softmax's backward row sum (a float32 product and division per term, summed in
-float64) ran 4x faster in vectors than in scalar lanes; computing its terms in the fold instead
-of writing them to a row first took another 8-10% off its backward (one thread).
+lanes in vector registers: over a buffer's row in place where each term is its element; with the
+terms computed in the fold, a vector at a time, where they are + - * / and negation of rows'
+elements and of numbers (a variance's (x - m) * (x - m), softmax's gradient's ct * e); else over
+a row of terms that the kernel writes first in a plain loop (which vectorizes). softmax's
+backward row sum (a float32 product and division per term, summed in float64) ran 4x faster in
+vectors than in scalar lanes; computing its terms in the fold instead of writing them to a row
+first took another 8-10% off its backward (one thread).
 
 One vector of lanes is still a chain of dependent operations, each waiting for the last (3-5
 cycles a round; 128 rounds a row of 1024). So `fold` keeps SPLIT vectors: vector s takes the
@@ -27,12 +27,13 @@ with four for the max only, 2.52-2.56 with four for both.
 A float32 sum in float64 lanes (`lower.accumulator_dtype`: 256 terms or more) adds its terms in
 float32 vectors, a BLOCK of terms at a time (32 to a chain), then each block's combined vector
 to the float64 lanes: a block's error is at most about 33 * 2**-24 times the sum of its terms'
-magnitudes (31 adds a chain, 2 combining the vectors), whatever the row's length, at the speed
-of float32 lanes. Converting each term and adding it in float64 took twice the vector adds and
-two conversions per 8 terms: over (4096, 1024) on two threads (PyTorch's time / ours, in the
-same process, three alternating processes of each against 9e3ee41), layer norm's forward went
-from 0.76-0.88x to 0.94-1.01x, its backward from 0.75-0.90x to 0.89-1.04x, softmax's backward
-from 0.99-1.09x to 1.14-1.21x.
+magnitudes (31 adds a chain, 2 combining the vectors; a partial sum past float32's range is inf,
+as in PyTorch's and JAX's float32 sums), whatever the row's length, at the speed of float32
+lanes. Converting each term and adding it in float64 took twice the vector adds and two
+conversions per 8 terms: over (4096, 1024) on two threads (PyTorch's time / ours, in the same
+process, three alternating processes of each against 9e3ee41), layer norm's forward went from
+0.76-0.88x to 0.94-1.01x, its backward from 0.75-0.90x to 0.89-1.04x, softmax's backward from
+0.99-1.09x to 1.14-1.21x.
 """
 from __future__ import annotations
 

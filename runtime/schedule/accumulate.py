@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from halide_ad.ir import INDEX_DTYPE, Bin, Call, Const, Expr, Load, Op, Reduce, Var, dtype_of, is_float
+from halide_ad.ir import INDEX_DTYPE, Bin, Call, Cast, Const, Expr, Load, Op, Reduce, Var, dtype_of, is_float
 from halide_ad.runtime.lanes import LANES, SCRATCH_MAX
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Combine, Element, Fold, For, If, Kind, Lanes,
                                      Let, Local, Row, Stmt, Term, block)
@@ -141,14 +141,48 @@ def _split(init: Let, loops: Stmt) -> tuple[Stmt, ...] | None:
     last, step = chain[-1], loops
     whole = last.lo + (last.hi - last.lo) // LANES * LANES
     lanes = [acc] + [Local(f"{acc.name}_lane{q}", acc.dtype) for q in range(1, LANES)]
-    rounds = [lane_rounds(last.var, last.lo, whole, step.value, lanes, step.op)]
+    # one loop's sum from zero: its terms' factor fixed along it multiplies the lanes once
+    core, factor = _factored(step.value, last.var) if step.op == "sum" and len(chain) == 1 and \
+        init.value == Const(0, acc.dtype) else (step.value, None)
+    rounds = [lane_rounds(last.var, last.lo, whole, core, lanes, step.op)]
     if whole < last.hi:
-        rounds.append(For(last.var, whole, last.hi, Kind.SERIAL, block(step)))
+        rounds.append(For(last.var, whole, last.hi, Kind.SERIAL, block(replace(step, value=core))))
     nest: Stmt = block(*rounds)
     for loop in reversed(chain[:-1]):
         nest = replace(loop, body=block(nest))
-    combine = Let(acc, pairwise(lanes, step.op))
+    combine = Let(acc, _times(pairwise(lanes, step.op), factor, acc.dtype))
     return (init, *(Let(lane, init.value) for lane in lanes[1:]), *block(nest).body, combine)
+
+
+def _factored(term: Expr, var: Var) -> tuple[Expr, Expr | None]:
+    """(core, factor) with term = core * factor, `factor` (None for 1) the product of the
+    factors, signs and divisors of `term` that do not change with `var`: a sum's terms as the
+    fold adds them, and what multiplies their sum once. A mean's x * (1 / n), a gradient's
+    -(g * y * (x - m)) * c * r: the fold did 2-3 operations a vector fewer (and each term rounded
+    once less)."""
+    if isinstance(term, Bin) and not dtype_of(term.lhs) == dtype_of(term.rhs) == dtype_of(term):
+        return term, None  # (x * 0.5 in float64 sums float64 terms, not x in its own type)
+    match term:
+        case Bin(Op.MUL, a, b) if var not in _vars(b):
+            core, f = _factored(a, var)
+            return core, b if f is None else Bin(Op.MUL, f, b)
+        case Bin(Op.MUL, a, b) if var not in _vars(a):
+            core, f = _factored(b, var)
+            return core, a if f is None else Bin(Op.MUL, a, f)
+        case Bin(Op.DIV, a, b) if var not in _vars(b) and var in _vars(a):
+            core, f = _factored(a, var)
+            one = Const(1, dtype_of(term))
+            return core, Bin(Op.DIV, one if f is None else f, b)
+        case Call("neg", (a,)) if var in _vars(a):
+            core, f = _factored(a, var)
+            return core, Call("neg", (Const(1, dtype_of(term)) if f is None else f,))
+    return term, None
+
+
+def _times(total: Expr, factor: Expr | None, dtype: str) -> Expr:
+    if factor is None:
+        return total
+    return Combine("prod", total, factor if dtype_of(factor) == dtype else Cast(dtype, factor))
 
 
 def _split_window(loop: For) -> tuple[Stmt, ...] | None:
@@ -165,8 +199,9 @@ def _split_window(loop: For) -> tuple[Stmt, ...] | None:
         return None
     whole = lo + (hi - lo) // LANES * LANES
     lanes = [Local(f"{acc.name}_lane{q}", acc.dtype) for q in range(LANES)]
-    rounds = lane_rounds(loop.var, lo, whole, step.value, lanes, step.op)
-    combined = Accumulate(acc, pairwise(lanes, "sum"), augmented=True)
+    core, factor = _factored(step.value, loop.var) if step.op == "sum" else (step.value, None)
+    rounds = lane_rounds(loop.var, lo, whole, core, lanes, step.op)
+    combined = Accumulate(acc, _times(pairwise(lanes, "sum"), factor, acc.dtype), augmented=True)
     rest = (For(loop.var, whole, hi, Kind.SERIAL, block(step)),) if whole < hi else ()
     return (*(Let(lane, Const(0, acc.dtype)) for lane in lanes), *rounds.body, combined, *rest)
 

@@ -234,8 +234,10 @@ def test_split_accumulators_folds_a_row_of_loads_in_place():
 
 def test_split_accumulators_computes_arithmetic_terms_in_the_fold():
     """Terms that are + - * / of rows and of values fixed along the sum are computed by the fold
-    from the rows in place: a mean's x[i, r] * 0.5, a variance's centred squares, a dot
-    product's x[i, r] * y[i, r + 1] (both rows at offset 1: the fold starts there)."""
+    from the rows in place: a variance's centred squares, a dot product's x[i, r] * y[i, r + 1]
+    (both rows at offset 1: the fold starts there). A sum's factors and signs fixed along it
+    leave the terms and multiply the lanes' sum once: a mean's x[i, r] * 0.5 folds x's row, the
+    negated dot product the products."""
     from halide_ad.ir import Call, Func, Range, Reduce
     r, half, m = Var("r"), Const(0.5, "float32"), Load("m", (i,), "float32")
 
@@ -243,20 +245,23 @@ def test_split_accumulators_computes_arithmetic_terms_in_the_fold():
         f = Func("out", (i,), (3,), Reduce("sum", term, (Range(r, 0, 2 * LANES + 3),)), "float32")
         s = split_accumulators(lower.reduction(f, lower.accumulator(f.body, "acc")))
         assert not any(isinstance(n, Let) and isinstance(n.var, Element) for n in walk(s))
-        return _fold_of(s).value
+        return _fold_of(s).value, [n.value for n in walk(s) if isinstance(n, Let) and n.var == Local("acc", "float32")]
 
     def x(buffer="x", at=r):
         return Load(buffer, (i, at), "float32")
-    mean = folded(Bin(Op.MUL, x(), half))
-    assert [row.first.buffer for row in mean.rows] == ["x"] and mean.terms == Bin(Op.MUL, Term(0, "float32"), half)
+    lanes = [Local("acc", "float32")] + [Local(f"acc_lane{q}", "float32") for q in range(1, LANES)]
+    mean, sets = folded(Bin(Op.MUL, x(), half))
+    assert [row.first.buffer for row in mean.rows] == ["x"] and mean.terms is None
+    assert sets[-1] == Combine("prod", pairwise(lanes, "sum"), half)  # the lanes' sum, times 0.5
     centred = Bin(Op.SUB, x(), Call("stop_gradient", (m,)))
-    var = folded(Bin(Op.MUL, centred, centred))
+    var, sets = folded(Bin(Op.MUL, centred, centred))
     d = Bin(Op.SUB, Term(0, "float32"), Call("stop_gradient", (m,)))
-    assert len(var.rows) == 1 and var.terms == Bin(Op.MUL, d, d)
+    assert len(var.rows) == 1 and var.terms == Bin(Op.MUL, d, d) and sets[-1] == pairwise(lanes, "sum")
     r1 = Bin(Op.ADD, r, Const(1, INDEX_DTYPE))
-    dot = folded(Call("neg", (Bin(Op.MUL, x("x", r1), x("y", r1)),)))
+    dot, sets = folded(Call("neg", (Bin(Op.MUL, x("x", r1), x("y", r1)),)))
     assert [row.first.buffer for row in dot.rows] == ["x", "y"] and (dot.lo, dot.hi) == (1, 2 * LANES + 1)
-    assert dot.terms == Call("neg", (Bin(Op.MUL, Term(0, "float32"), Term(1, "float32")),))
+    assert dot.terms == Bin(Op.MUL, Term(0, "float32"), Term(1, "float32"))
+    assert sets[-1] == Combine("prod", pairwise(lanes, "sum"), Call("neg", (Const(1, "float32"),)))
     # rows at different offsets, or a row of another type than the term's, take the row of terms
     for term in (Bin(Op.MUL, x(), x("y", r1)), Bin(Op.MUL, x(), Const(0.5, "float64"))):
         f = Func("out", (i,), (3,), Reduce("sum", term, (Range(r, 0, 2 * LANES + 3),)), "float32")

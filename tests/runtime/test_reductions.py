@@ -246,6 +246,32 @@ def test_a_gradient_summing_over_a_row_adds_lanes(rng, columns):
     np.testing.assert_allclose(gx, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("columns", [2 * LANES, 8 * LANES + 3, LONG_SUM + 5])
+def test_a_sums_factor_fixed_along_the_row_multiplies_the_lanes_once(rng, columns):
+    """layer norm's mean sums x * (1 / n), its gradient's row sums -(ct * g * (x - m)) * c * r and
+    -(ct * g * r): the fold adds x, ct * g * (x - m) and ct * g, and the factors that do not
+    change along the row multiply the lanes' sum once, in float32 and float64 lanes alike, with
+    extents that leave a partial round."""
+    x = (rng.standard_normal((40, columns)) * 3 + 1).astype(np.float32)
+    g, b = rng.standard_normal((2, columns)).astype(np.float32)
+    explained = hd.explain(_layer_norm, x, g, b)
+    assert re.search(r"= lanes\.sums\(x\[", explained.forward_source)
+    assert re.search(r'= lanes\.sums_of\("\(\(r0 \* r1\) \* \(r2 - s0\)\)", \(adj_layer_norm\[', explained.backward_source)
+    assert re.search(r'= lanes\.sums_of\("\(r0 \* r1\)", \(adj_layer_norm\[', explained.backward_source)
+    y, vjp = hd.vjp(_layer_norm, x, g, b)
+    ct = rng.standard_normal(x.shape).astype(np.float32)
+    gx, gg, gb = vjp(ct)
+    x64, g64, ct64 = (a.astype(np.float64) for a in (x, g, ct))
+    r = 1 / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    xhat = (x64 - x64.mean(1, keepdims=True)) * r
+    np.testing.assert_allclose(y, xhat * g64 + b, rtol=1e-4, atol=1e-5)
+    d = ct64 * g64
+    want = r * (d - d.mean(1, keepdims=True) - xhat * (d * xhat).mean(1, keepdims=True))
+    np.testing.assert_allclose(gx, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gg, (ct64 * xhat).sum(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gb, ct64.sum(0), rtol=1e-4, atol=1e-4)
+
+
 def test_a_one_dimensional_gradient_summed_down_columns_runs_blocks_of_columns(rng, monkeypatch):
     """A gain's gradient sums down its columns: blocks of columns run in parallel, each column
     in the same order as on one thread, so the bits equal the serial kernel's."""
