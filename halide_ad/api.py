@@ -386,12 +386,13 @@ class Function:
                      tuple((name, k, (v.shape, v.dtype.str) if k == "array" else v) for name, (k, v) in kw.items()))
         arrays = {n: v for n, (k, v) in zip(names, classified, strict=True) if k == "array"}
         arrays |= {n: v for n, (k, v) in kw.items() if k == "array"}
-        traced = self._traces.get(signature)
-        captured = None if traced is None else capture.read(traced.captured, self.fn)
+        def stored():
+            traced = self._traces.get(signature)
+            return traced, None if traced is None else capture.read(traced.captured, self.fn)
+        traced, captured = stored()
         if captured is None:  # first call of this signature, or a captured array changed shape
             with self._lock:  # one trace per signature, however many threads call it at once:
-                traced = self._traces.get(signature)  # a thread that waited here finds the first one's
-                captured = None if traced is None else capture.read(traced.captured, self.fn)
+                traced, captured = stored()  # a thread that waited here finds the first one's
                 if captured is None:
                     traced, captured = self._trace(names, classified, kw)
                     if capture.read(traced.captured, self.fn) is None:

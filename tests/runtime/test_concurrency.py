@@ -43,7 +43,6 @@ GRADIENTS = """
 import hashlib
 import numpy as np
 import halide_ad as hd
-from halide_ad import api
 from tests import programs as P
 
 def gradient_digest():
@@ -136,7 +135,6 @@ def test_one_func_from_four_threads_traces_and_compiles_once(monkeypatch):
 FILL_CACHE = """
 import numpy as np
 import halide_ad as hd
-from halide_ad import api
 from tests import programs as P
 
 img = np.random.default_rng(11).standard_normal((7, 9))
@@ -173,7 +171,6 @@ CORRUPTIONS = """
 import glob, os, sys
 import numpy as np
 import halide_ad as hd
-from halide_ad import api
 from halide_ad.api import as_function
 from halide_ad.compiler import compile_forward
 from halide_ad.runtime.execute import run_forward
