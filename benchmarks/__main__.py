@@ -49,7 +49,7 @@ from benchmarks.hvp import HvpCase, hvp_table, run_hvp
 from benchmarks.report import PEER_TITLES, case_rows, to_json, to_markdown
 from benchmarks.runner import PEERS, CaseResult, Row, available_peers, run_case
 from benchmarks.selection import ALL, GROUPS, select
-from benchmarks.torch_thp import measure_in_subprocess
+from benchmarks.torch_thp import measure_in_subprocess, on_main_scale
 from benchmarks.updates import UpdateCase, memory_note, run_update_case
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results.json"
@@ -80,8 +80,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def add_thp_timings(results: Sequence[CaseResult], *, repeat: int, small: bool) -> str | None:
-    """Measure torch again with THP_MEM_ALLOC_ENABLE=1 in a subprocess and keep, per case, the
-    faster backward. Returns a note for the report when the subprocess failed."""
+    """Measure torch again with THP_MEM_ALLOC_ENABLE=1 in a subprocess, in turns with halide_ad,
+    on this run's scale (`torch_thp.on_main_scale`), and keep, per case, the faster backward.
+    Returns a note for the report when the subprocess failed."""
     try:
         thp = measure_in_subprocess([r.name for r in results], repeat=repeat, small=small)
     except subprocess.CalledProcessError as error:
@@ -91,8 +92,8 @@ def add_thp_timings(results: Sequence[CaseResult], *, repeat: int, small: bool) 
         value = thp[result.name]
         if isinstance(value, str):
             result.errors["torch (THP)"] = value
-        else:
-            result.add_torch_variant(value)
+        elif "halide_ad" in result.timings:
+            result.add_torch_variant(on_main_scale(value["torch"], value["halide_ad"], result.timings["halide_ad"]))
     return None
 
 

@@ -29,7 +29,7 @@ from benchmarks import peers
 from benchmarks.cases import F, jax, jnp, lax
 from benchmarks.everyday import affine, jax_affine, torch_affine
 from benchmarks.runner import Row
-from benchmarks.timing import measure, time_once
+from benchmarks.timing import measure_turns, time_once
 from halide_ad import tiered
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_digits.py"
@@ -62,24 +62,29 @@ def _arrays(value: Any) -> list[np.ndarray]:
 
 
 def run_call_case(case: CallCase, *, small: bool, repeat: int, peer_names: Sequence[str]) -> Row:
-    """The median time of `case`'s call in halide_ad and each peer, and a check of halide_ad's
-    values against the first peer that ran."""
+    """The median time of `case`'s call in halide_ad and each peer, the libraries timed in turns
+    (`timing.measure_turns`), and a check of halide_ad's values against the first peer that ran."""
     row = Row(case.name, case.phase)
     inputs = case.make_inputs(small)
     values: dict[str, list[np.ndarray]] = {}
+    calls: dict[str, Callable[[], Any]] = {}
     for library in ("halide_ad", *peer_names):
         try:
             call = case.prepare[library](inputs)
             result, first_s = time_once(call)  # compiles or jits
             values[library] = _arrays(result)
             tiered.settle()  # halide_ad's kernels, not its interpreter tier, in the steady state
-            timing = measure(call, repeat, inner=case.inner)
         except Exception as error:  # noqa: BLE001 - one failing library must not end the run
             row.record_error(library, error)
             continue
-        row.times_s[library] = timing.median_ms * 1e-3
+        calls[library] = call
         if library == "halide_ad":
             row.first_call_s = first_s
+    timings, errors = measure_turns(calls, repeat, inner=case.inner)
+    for library, error in errors.items():
+        row.record_error(library, error)
+    for library, timing in timings.items():
+        row.times_s[library] = timing.median_ms * 1e-3
         print(f"[{case.name}] {library}: {case.phase} {timing.median_ms:.3g} ms", file=sys.stderr)
     row.check_values(values)
     return row

@@ -15,27 +15,22 @@ import numpy as np
 
 import halide_ad as hd
 from halide_ad import tiered
-from benchmarks.timing import Measurement, Timings, measure, time_once
+from benchmarks.timing import Prepared, time_once
 
 
-def measure_halide_ad(
-    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int, *,
-    backward: bool = True,
-) -> Measurement:
-    """`fn`'s forward, and unless `backward` is False its backward, timed as the module says."""
+def prepare_halide_ad(
+    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, *, backward: bool = True,
+) -> Prepared:
+    """`fn`'s first calls, timed as the module says, and its forward and (unless `backward` is
+    False) backward to time. Each pass's kernels are compiled before it is timed
+    (`tiered.settle`): a program's first calls run on the interpreter while they compile."""
     out, first_forward = time_once(lambda: fn(*inputs))
-    tiered.settle()  # a small program's first calls run on the interpreter while its kernels compile
-    forward = measure(lambda: fn(*inputs), repeat)
+    tiered.settle()
+    forward = lambda: fn(*inputs)  # noqa: E731
     if not backward:
-        return Measurement(Timings(forward, None, {"forward": first_forward}), np.asarray(out), ())
-
+        return Prepared(forward, None, {"forward": first_forward}, np.asarray(out), ())
     (_, vjp_fn), first_vjp = time_once(lambda: hd.vjp(fn, *inputs))
     grads, first_apply = time_once(lambda: vjp_fn(ct))
     tiered.settle()
-    backward_timing = measure(lambda: vjp_fn(ct), repeat)
-    first_call_s = {"forward": first_forward, "backward": first_vjp + first_apply}
-    return Measurement(
-        timings=Timings(forward, backward_timing, first_call_s),
-        output=np.asarray(out),
-        gradients=tuple(grads),
-    )
+    return Prepared(forward, lambda: vjp_fn(ct), {"forward": first_forward, "backward": first_vjp + first_apply},
+                    np.asarray(out), tuple(grads))

@@ -20,7 +20,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from benchmarks.timing import Measurement, Timings, measure, time_once
+from benchmarks.timing import Prepared, time_once
 
 THP_ENV = "THP_MEM_ALLOC_ENABLE"
 
@@ -61,22 +61,24 @@ def load_jax() -> ModuleType:
     return importlib.import_module("jax")
 
 
-def measure_torch(
-    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int, *, thp: bool,
+def prepare_torch(
+    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, *, thp: bool,
     backward: bool = True,
-) -> Measurement:
-    """Time `fn`'s forward, and unless `backward` is False its backward, in torch. Torch compiles
-    nothing, but its first calls are recorded too (`first_call_s`): in a fresh process they
-    include its one-off set-up, which a user's first call pays."""
+) -> Prepared:
+    """`fn`'s first forward (and unless `backward` is False its first backward) in torch, and the
+    passes to time. Torch compiles nothing, but its first calls are recorded too: in a fresh
+    process they include its one-off set-up, which a user's first call pays."""
     torch = load_torch(thp=thp)
     xs = [torch.from_numpy(a).requires_grad_(True) for a in inputs]
-    with torch.no_grad():
-        out, first_forward = time_once(lambda: fn(*xs))
-        forward = measure(lambda: fn(*xs), repeat)
+
+    def forward():
+        with torch.no_grad():
+            return fn(*xs)
+
+    out, first_forward = time_once(forward)
     variant = "THP" if thp else "default"
     if not backward:
-        return Measurement(Timings(forward, None, {"forward": first_forward}, variant),
-                           out.numpy(), ())
+        return Prepared(forward, None, {"forward": first_forward}, out.numpy(), (), variant)
     ct_t = torch.from_numpy(ct)
 
     def forward_and_gradients():
@@ -84,40 +86,30 @@ def measure_torch(
         return y, torch.autograd.grad(y, xs, ct_t, retain_graph=True)
 
     (y, grads), first_backward = time_once(forward_and_gradients)
-    backward_timing = measure(lambda: torch.autograd.grad(y, xs, ct_t, retain_graph=True), repeat)
-    first_call_s = {"forward": first_forward, "backward": first_backward}
-    return Measurement(
-        timings=Timings(forward, backward_timing, first_call_s, variant),
-        output=y.detach().numpy(),
-        gradients=tuple(g.numpy() for g in grads),
-    )
+    return Prepared(forward, lambda: torch.autograd.grad(y, xs, ct_t, retain_graph=True),
+                    {"forward": first_forward, "backward": first_backward}, y.detach().numpy(),
+                    tuple(g.numpy() for g in grads), variant)
 
 
-def measure_jax(
-    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, repeat: int, *,
-    backward: bool = True,
-) -> Measurement:
-    """Time `fn`'s forward, and unless `backward` is False its backward, in jax; the first calls
-    (tracing and XLA compilation) are reported as `forward` and `backward` (the jitted vjp plus
-    its application)."""
+def prepare_jax(
+    fn: Callable[..., Any], inputs: Sequence[np.ndarray], ct: np.ndarray, *, backward: bool = True,
+) -> Prepared:
+    """`fn`'s first calls in jax (tracing and XLA compilation: the forward, and unless `backward`
+    is False the jitted vjp plus its application), and the passes to time."""
     jax = load_jax()
     xs = [jax.device_put(a) for a in inputs]
     ct_j = jax.device_put(ct)
 
     forward_fn = jax.jit(fn)
-    out, first_forward = time_once(lambda: jax.block_until_ready(forward_fn(*xs)))
-    forward = measure(lambda: jax.block_until_ready(forward_fn(*xs)), repeat)
+    forward = lambda: jax.block_until_ready(forward_fn(*xs))  # noqa: E731
+    out, first_forward = time_once(forward)
     if not backward:
-        return Measurement(Timings(forward, None, {"forward": first_forward}), np.asarray(out), ())
+        return Prepared(forward, None, {"forward": first_forward}, np.asarray(out), ())
 
     vjp = jax.jit(lambda *args: jax.vjp(fn, *args))
     apply_vjp = jax.jit(lambda vjp_fn, c: vjp_fn(c))
     (_, vjp_fn), first_vjp = time_once(lambda: jax.block_until_ready(vjp(*xs)))
     grads, first_apply = time_once(lambda: jax.block_until_ready(apply_vjp(vjp_fn, ct_j)))
-    backward_timing = measure(lambda: jax.block_until_ready(apply_vjp(vjp_fn, ct_j)), repeat)
-    first_call_s = {"forward": first_forward, "backward": first_vjp + first_apply}
-    return Measurement(
-        timings=Timings(forward, backward_timing, first_call_s),
-        output=np.asarray(out),
-        gradients=tuple(np.asarray(g) for g in grads),
-    )
+    return Prepared(forward, lambda: jax.block_until_ready(apply_vjp(vjp_fn, ct_j)),
+                    {"forward": first_forward, "backward": first_vjp + first_apply}, np.asarray(out),
+                    tuple(np.asarray(g) for g in grads))

@@ -41,7 +41,8 @@ METHODS = {
     "thread start-up; the warm-cache columns are a second process's first calls with that cache.",
     "torch": "PyTorch: `torch.autograd.grad(y, inputs, ct, retain_graph=True)` on a graph built "
     "once; forward under no_grad; the faster of the default allocator and THP_MEM_ALLOC_ENABLE=1 "
-    "(marked THP, run in a subprocess).",
+    "(marked THP: run in a subprocess, in turns with halide_ad there, its times multiplied by "
+    "halide_ad's time here over its time there, so that its ratio is the one measured in turns).",
     "jax": "JAX: `jax.jit` of the vjp function applied to residuals from a jitted `jax.vjp`; "
     "XLA sizes its own thread pool.",
 }
@@ -253,8 +254,9 @@ def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat:
     lines = []
     if results:
         lines += [
-            f"Backward pass, ms: medians of {repeat} runs after 3 warm-up calls, float32, "
-            f"{threads} threads.",
+            f"Backward pass, ms: medians of {repeat} runs after 3 warm-up calls, the libraries "
+            f"taking turns (each run one call of each, after an untimed one of its own, in "
+            f"rotating order), float32, {threads} threads.",
             "",
             *_backward_table(results, bounds, peer_names),
             "",
@@ -274,8 +276,9 @@ def to_markdown(results: Sequence[CaseResult], bounds: MachineBounds, *, repeat:
         ]
     if everyday:
         lines += [
-            f"Everyday programs: medians of {repeat} runs after warm-up, float32, {threads} "
-            "threads; best peer / halide_ad above 1 means halide_ad is faster.",
+            f"Everyday programs: medians of {repeat} runs after warm-up, the libraries taking "
+            f"turns, float32, {threads} threads; best peer / halide_ad above 1 means halide_ad is "
+            "faster.",
             "",
             *everyday_table(everyday, peer_names),
             "",

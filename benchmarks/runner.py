@@ -1,9 +1,10 @@
-"""Runs the cases: each library in turn on the same inputs, then checks halide_ad against a peer.
+"""Runs the cases: each library's first calls on the same inputs, then their passes timed in
+turns (`timing.measure_prepared`), then halide_ad's values checked against a peer's.
 
-Within a case, halide_ad runs first, so the first case's first call pays numba's one-off parallel
-runtime start-up as a user's first call would; torch and jax are imported on their first use.
-A library that raises on a case is recorded as an error for that case (with its traceback on
-stderr) and the run goes on.
+Within a case, halide_ad's first calls come first, so the first case's first call pays numba's
+one-off parallel runtime start-up as a user's first call would; torch and jax are imported on
+their first use. A library that raises on a case is recorded as an error for that case (with
+its traceback on stderr) and the run goes on.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from benchmarks.bounds import Cost, Shape, forward_cost
 from benchmarks.cases import Case
 from benchmarks.checks import Check, compare_arrays
 from benchmarks.memory import Footprint
-from benchmarks.ours import measure_halide_ad
-from benchmarks.timing import Measurement, Timings
+from benchmarks.ours import prepare_halide_ad
+from benchmarks.timing import Measurement, Prepared, Timings, measure_prepared
 
 PEERS = ("torch", "jax")
 
@@ -95,17 +96,11 @@ def available_peers() -> list[str]:
     return [name for name in PEERS if peers.is_installed(name)]
 
 
-def _guarded(
-    result: CaseResult, library: str, run: Callable[[], Measurement]
-) -> Measurement | None:
-    """`run()`, or None with the exception recorded in `result.errors` and printed to stderr."""
-    try:
-        return run()
-    except Exception as error:  # noqa: BLE001 - one failing library must not end the run
-        print(f"[{result.name}] {library} failed:", file=sys.stderr)
-        traceback.print_exc()
-        result.errors[library] = f"{type(error).__name__}: {error}"
-        return None
+def _record(result: CaseResult, library: str, error: Exception) -> None:
+    """Keep `error` in `result.errors` and print its traceback to stderr; the run goes on."""
+    print(f"[{result.name}] {library} failed:", file=sys.stderr)
+    traceback.print_exception(error)
+    result.errors[library] = f"{type(error).__name__}: {error}"
 
 
 def run_case(case: Case, *, small: bool, repeat: int, peer_names: Sequence[str]) -> CaseResult:
@@ -119,18 +114,21 @@ def run_case(case: Case, *, small: bool, repeat: int, peer_names: Sequence[str])
     inputs = case.make_inputs(small=small)
     ct = case.cotangent(small=small)
     backward = case.backward
-    runs: dict[str, Callable[[], Measurement]] = {
-        "halide_ad": lambda: measure_halide_ad(case.halide_ad, inputs, ct, repeat, backward=backward),
-        "torch": lambda: peers.measure_torch(case.torch, inputs, ct, repeat, thp=False,
-                                             backward=backward),
-        "jax": lambda: peers.measure_jax(case.jax, inputs, ct, repeat, backward=backward),
+    prepares: dict[str, Callable[[], Prepared]] = {
+        "halide_ad": lambda: prepare_halide_ad(case.halide_ad, inputs, ct, backward=backward),
+        "torch": lambda: peers.prepare_torch(case.torch, inputs, ct, thp=False, backward=backward),
+        "jax": lambda: peers.prepare_jax(case.jax, inputs, ct, backward=backward),
     }
-    measured: dict[str, Measurement] = {}
+    prepared: dict[str, Prepared] = {}
     for library in ("halide_ad", *peer_names):
-        measurement = _guarded(result, library, runs[library])
-        if measurement is None:
-            continue
-        measured[library] = measurement
+        try:
+            prepared[library] = prepares[library]()
+        except Exception as error:  # noqa: BLE001 - one failing library must not end the run
+            _record(result, library, error)
+    measured, errors = measure_prepared(prepared, repeat)
+    for library, error in errors.items():
+        _record(result, library, error)
+    for library, measurement in measured.items():
         if library == "torch":
             result.add_torch_variant(measurement.timings)
         else:

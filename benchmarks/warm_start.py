@@ -100,8 +100,7 @@ def _first_calls(library: str, case: Case, inputs: list[np.ndarray],
     case without a backward) and the arrays they computed: the output, then the gradients.
 
     halide_ad's are its first call, `hd.vjp` and `vjp_fn(ct)`, as `benchmarks.ours` times them.
-    A peer's are the first calls that its measurement in `benchmarks.peers` records (which goes on
-    to time one more call of each, unused here)."""
+    A peer's are the first calls that `benchmarks.peers` prepares its timed passes with."""
     if library == "halide_ad":
         out, forward = time_once(lambda: case.halide_ad(*inputs))
         if not case.backward:
@@ -110,10 +109,10 @@ def _first_calls(library: str, case: Case, inputs: list[np.ndarray],
         grads, apply = time_once(lambda: vjp_fn(ct))
         return {"forward": forward, "backward": vjp + apply}, [np.asarray(out), *grads]
     if library == "torch":
-        measured = peers.measure_torch(case.torch, inputs, ct, 1, thp=False, backward=case.backward)
+        prepared = peers.prepare_torch(case.torch, inputs, ct, thp=False, backward=case.backward)
     else:
-        measured = peers.measure_jax(case.jax, inputs, ct, 1, backward=case.backward)
-    return measured.timings.first_call_s, [measured.output, *measured.gradients]
+        prepared = peers.prepare_jax(case.jax, inputs, ct, backward=case.backward)
+    return prepared.first_call_s, [prepared.output, *prepared.gradients]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
