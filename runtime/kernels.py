@@ -268,7 +268,12 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
     rows = Var("rows") if step > 1 else None
     if rows is not None:
         em.name(rows)
-    sums = []
+    # one loop over the columns for the folded adjoints of one extent (a gain's and a shift's
+    # gradient): each column's partial sums take their terms in the same order as in loops of
+    # their own, and the block's rows of the cotangent are walked once, not once per sum
+    shared = len({plan.adjoint.shape for plan, _ in folded}) == 1
+    column = folded[0][0].new_vars[0]
+    per_column = []  # each folded adjoint's statements at one column (at `column` where `shared`)
     for (plan, gs), name in zip(folded, parts, strict=True):
         target = Load(name, (part, plan.new_vars[0]), "float64")
 
@@ -276,10 +281,13 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
             add = Accumulate(target, row_term(p, row))
             return add if rows is None else For(em.name(row), rows, Chain(Op.ADD, (rows, Const(step, INDEX_DTYPE))),
                                                 Kind.SERIAL, block(add))
-        sums.append(block(
+        per_column.append(block(
             Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
                     f"this block's rows added into {name}" + (f", {step} rows at a time" if rows else "")),
-            *(_columns(plan, term(p)) for g in gs for p in g.pieces)))
+            *([Let(plan.new_vars[0], column)] if shared and em.name(plan.new_vars[0]) != em.name(column) else []),
+            *(term(p) for g in gs for p in g.pieces)))
+    sums = [_columns(folded[0][0], block(*per_column))] if shared else \
+        [_columns(plan, s) for (plan, _), s in zip(folded, per_column, strict=True)]
     if rows is None:
         body += sums
     else:
