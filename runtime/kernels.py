@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from halide_ad import config
-from halide_ad.ir import INDEX_DTYPE, Buffer, Cast, Const, Func, Load, Op, Program, Reduce, Var, adjoint_name, argindex_name
+from halide_ad.ir import (INDEX_DTYPE, Buffer, Cast, Const, Func, Load, Op, Program, Reduce, Var, adjoint_name, argindex_name,
+                          dtype_of)
 from halide_ad.show import show_func
 from halide_ad.solver import Gather
 from halide_ad.runtime import emit, lower, schedule
@@ -277,10 +278,20 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
     for (plan, gs), name in zip(folded, parts, strict=True):
         target = Load(name, (part, plan.new_vars[0]), "float64")
 
-        def term(p, target=target):  # each column's rows in order, as a row at a time added them
-            add = Accumulate(target, row_term(p, row))
-            return add if rows is None else For(em.name(row), rows, Chain(Op.ADD, (rows, Const(step, INDEX_DTYPE))),
-                                                Kind.SERIAL, block(add))
+        def term(p, target=target):
+            if rows is None:
+                return Accumulate(target, row_term(p, row))
+            # the step's rows summed in the terms' type first, in order, then added to the partial
+            # sum: one conversion to float64 and one float64 add per column a step, not one a row
+            # (the loop's largest share of layer norm's backward), each step's sum rounded in
+            # float32 once a row (3 roundings of 4 terms, before the float64 sum takes them)
+            first = row_term(p, rows)
+            rows_sum = Local(f"{name}_rows", dtype_of(first))
+            return block(Let(rows_sum, first),
+                         For(em.name(row), Chain(Op.ADD, (rows, Const(1, INDEX_DTYPE))),
+                             Chain(Op.ADD, (rows, Const(step, INDEX_DTYPE))), Kind.SERIAL,
+                             block(Accumulate(rows_sum, row_term(p, row)))),
+                         Accumulate(target, rows_sum))
         per_column.append(block(
             Comment(f"{adjoint_name(plan.adjoint.buffer)}: {len(plan.contributions)} contribution(s), "
                     f"this block's rows added into {name}" + (f", {step} rows at a time" if rows else "")),

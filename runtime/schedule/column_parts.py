@@ -27,9 +27,10 @@ from halide_ad.traverse import substitute, walk
 
 MIN_BLOCK = 64  # rows of a block at the least: fewer, and the partial rows cost more than the pass
 # rows whose terms a block adds into its partial row per pass over it, where they divide the
-# block: each column still adds its rows in order (the same bits), its partial sum loaded and
-# stored once per ROWS_AT_ONCE rows. Layer norm's backward over (4096, 1024) on one thread, CPU
-# time, at 3fb195a: 5.96-6.05 -> 5.53-5.54 ms (HALIDE_AD_SKIP=rows_at_once: one row at a time).
+# block: each column's partial sum is loaded and stored once per ROWS_AT_ONCE rows, and takes
+# their terms summed in order in the terms' type (one conversion and one float64 add per column,
+# not one per row; runtime/kernels.py). Layer norm's backward over (4096, 1024) on one thread,
+# CPU time, at 3fb195a: 5.96-6.05 -> 5.53-5.54 ms (HALIDE_AD_SKIP=rows_at_once: one row at a time).
 ROWS_AT_ONCE = 4
 
 
