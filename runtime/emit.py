@@ -28,8 +28,8 @@ from halide_ad.solver.bounds import checked_at_run_time, is_data_dependent
 from halide_ad.traverse import children as expr_children, walk as walk_expr
 from halide_ad.runtime.lanes import FOLD
 from halide_ad.runtime.loops import (COMBINE, Accumulate, Allocate, Block, Bound, Chain, Combine, Comment, Element, Fail,
-                                     Fold, For, Hoisted, If, IfElse, Improves, Kind, Lanes, Let, Local, Row, Source, Spans, Stmt,
-                                     Store, Table, Term, Text, block, walk)
+                                     Fold, Folds, For, Hoisted, If, IfElse, Improves, Kind, Lanes, LanesOf, Let, Local, Row,
+                                     Source, Spans, Stmt, Store, Table, Term, Text, block, walk)
 
 _NAME = re.compile(r"\b[A-Za-z_]\w*\b")  # identifiers in a helper's body: which parameters it needs
 
@@ -455,6 +455,16 @@ class Emitter:
                 text = self.terms(terms, scalars)
                 rows_ = _tuple(map(self.expr, rows))
                 return f'lanes.{FOLD[op]}_of("{text}", {rows_}, {_tuple(scalars)}, {lo}, {hi}, ({self.expr(lanes)}))'
+            case LanesOf(lanes):
+                return ", ".join(f"({self.expr(ls)})" for ls in lanes)
+            case Folds(folds):  # one pass over the rows for them all (schedule/fuse_folds.py)
+                scalars = []
+                texts = [self.terms(Term(0, f.rows[0].dtype) if f.terms is None else f.terms, scalars) for f in folds]
+                rows_ = _tuple(map(self.expr, folds[0].rows))
+                lanes_ = _tuple(f"({self.expr(f.lanes)})" for f in folds)
+                quoted = _tuple(f'"{t}"' for t in texts)
+                return (f"lanes.{FOLD[folds[0].op]}_of_all({quoted}, {rows_}, {_tuple(scalars)}, {folds[0].lo}, "
+                        f"{folds[0].hi}, {lanes_})")
             case Combine(op, lhs, rhs):
                 return f"({COMBINE[op].format(self.expr(lhs), self.expr(rhs))})"
             case Improves(op, val, acc, arg):

@@ -42,6 +42,7 @@ from halide_ad.runtime.schedule.column_parts import ROWS_AT_ONCE, column_parts, 
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
+from halide_ad.runtime.schedule.fuse_folds import fuse_folds
 from halide_ad.runtime.schedule.row_sums import fuse_row_sums
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth
@@ -262,7 +263,7 @@ def _row_group(em: Emitter, computed, members: range, depth: int, staged, nest,
         out.append(_staged(em, computed, m, staged(m), nest, depth) if unit == 2 else nest(m, depth))
         body.append(block(*out))
         m += unit
-    body = [schedule.run(fuse_row_sums, block(*body))]
+    body = [schedule.run(fuse_folds, schedule.run(fuse_row_sums, block(*body)))]
     if not folded:
         return loop_nest(loops_, block(*body))
     step = ROWS_AT_ONCE if blocks.size % ROWS_AT_ONCE == 0 and not config.skipped("rows_at_once") else 1

@@ -166,6 +166,28 @@ class Fold(Expr):
 
 
 @dataclass(frozen=True, slots=True)
+class Folds(Expr):
+    """Several Folds of one op over the same rows and rounds, run as one pass (`lanes.sums_of_all`:
+    the rows read once a round for all of them); a Let assigns it to a LanesOf of their lanes, in
+    order (`schedule.fuse_folds`)."""
+    folds: tuple[Fold, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.folds[0].dtype
+
+
+@dataclass(frozen=True, slots=True)
+class LanesOf(Expr):
+    """Several reductions' lanes, as a tuple of tuples: what a Folds assigns."""
+    lanes: tuple[Lanes, ...]
+
+    @property
+    def dtype(self) -> str:
+        return self.lanes[0].dtype
+
+
+@dataclass(frozen=True, slots=True)
 class Chain(Expr):
     """args[0] op args[1] op ...: terms combined left to right, printed flat (`h1 * h2 * f32_3`,
     `k & 3`), in parentheses where `grouped` (`(h1 + h2 + h6) * f32_2`), instead of the pair of
@@ -454,6 +476,10 @@ def _expr(e) -> str:
         case Fold(op, rows, lo, hi, lanes, terms):
             of = "" if terms is None else f"{_expr(terms)} of "
             return f"fold_{op}({of}{', '.join(map(_expr, rows))}, {lo}, {hi}, ({_expr(lanes)}))"
+        case Folds(folds):
+            return "folds(" + "; ".join(map(_expr, folds)) + ")"
+        case LanesOf(lanes):
+            return ", ".join(f"({_expr(ls)})" for ls in lanes)
         case Combine(op, lhs, rhs):
             return f"{op}({_expr(lhs)}, {_expr(rhs)})"
         case Improves(op, val, acc, arg):

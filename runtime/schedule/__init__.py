@@ -38,6 +38,9 @@ Passes, in the order the forward reductions run them (runtime/kernels.py):
 * `row_sums.py`, `fuse_row_sums`: a row group's consecutive row sums, their terms written by one
   loop over the row (terms with a math function, which a fold does not compute), each row folded
   where it was.
+* `fuse_folds.py`, `fuse_folds`: then a row group's consecutive lane folds over the same rows
+  (layer norm's gradient's ct * g * (x - m) and ct * g) as one pass over the rows
+  (`lanes.sums_of_all`), each fold's terms in the same order.
 
 Decisions, pure functions of the IR, each tested on data:
 * `boundary.py`, `interior`: a gather loop nest's interior box, the regions around it and the

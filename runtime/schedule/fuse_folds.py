@@ -1,0 +1,151 @@
+"""fuse_folds: consecutive nests' lane folds over the same rows run as one pass over the rows.
+
+A row group runs its adjoints one after another, each in its own nest over the row. Where two
+of them each fold a row sum of the same rows and length (layer norm's gradient: adj_var's
+ct * g * (x - m) and adj_mean's ct * g, both over the cotangent's and the gain's rows), the
+second fold moves into the first nest, beside the first fold: one `lanes.sums_of_all` call reads
+the rows once a round for both, and the product they share is computed once. The second nest
+then takes its lanes from the first's pass. Each fold adds the same terms in the same order:
+the same bits.
+
+It applies where both folds sit in their nests under the same one-iteration loops and tests (no
+else), have the same op, length and lanes type, read rows of one type in place (no row of terms
+written first), and the second reads nothing that the first nest writes, nor anything its own
+nest writes before it, and starts from constant lanes. Comments and allocations (a staged
+pair's plane) may stand between the two nests: the moved fold reads no local array.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from halide_ad.ir import Const, Load
+from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Comment, Element, Fold, Folds, For, If, Lanes, LanesOf, Let, Local,
+                                     Row, Spans, Stmt, Store, Term, walk)
+from halide_ad.traverse import rewrite, walk as walk_expr
+
+MAX_ROWS = 6  # rows of one pass: each a vector load a round, in registers beside the folds' lanes
+
+
+def fuse_folds(s: Stmt) -> Stmt:
+    """`s` with each lane fold that the module's conditions allow moved into the nest before it."""
+    match s:
+        case Block(body):
+            out: list[Stmt] = []
+            for stmt in map(fuse_folds, body):
+                before = [k for k, c in enumerate(out) if not isinstance(c, (Comment, Allocate))]
+                if before and (fused := _fused(out[before[-1]], stmt, len(out))) is not None:
+                    first, lets, stmt = fused
+                    out[before[-1]] = first
+                    out[before[-1]:before[-1]] = lets  # the moved fold's lanes, set before its new nest
+                out.append(stmt)
+            return Block(tuple(out))
+        case For(body=body) | Spans(body=body):
+            return replace(s, body=fuse_folds(body))
+        case If(_, then, otherwise):
+            return replace(s, then=fuse_folds(then), otherwise=otherwise and fuse_folds(otherwise))
+    return s
+
+
+def _sites(s: Stmt, where: tuple = ()):
+    """(where, block, k) for each fold in `s` (`block.body[k]` a Let of a Fold or Folds) reached
+    through loops of one iteration and tests without an else; `where` those loops and tests."""
+    match s:
+        case Block(body):
+            for k, c in enumerate(body):
+                if isinstance(c, Let) and isinstance(c.value, (Fold, Folds)):
+                    yield where, s, k
+                else:
+                    yield from _sites(c, where)
+        case For(var, lo, hi, kind, body, step) if isinstance(lo, int) and isinstance(hi, int) and hi - lo == 1:
+            yield from _sites(body, (*where, ("for", var, lo, hi, kind, step)))
+        case If(cond, then, None):
+            yield from _sites(then, (*where, ("if", cond)))
+
+
+def _folds(value) -> tuple[Fold, ...]:
+    return value.folds if isinstance(value, Folds) else (value,)
+
+
+def _writes(stmts) -> set:
+    """The buffers and locals that `stmts` store to or accumulate into."""
+    out: set = set()
+    for stmt in stmts:
+        for n in walk(stmt):
+            if isinstance(n, Store):
+                out.add(n.buffer)
+            elif isinstance(n, (Accumulate, Let)):
+                target = n.target if isinstance(n, Accumulate) else n.var
+                for t in walk_expr(target):
+                    out.add(t.buffer if isinstance(t, Load) else t.array if isinstance(t, Element) else t)
+    return out
+
+
+def _reads(fold: Fold) -> set | None:
+    """The buffers a fold reads, or None where it reads a local (a row of terms, a hoisted value)."""
+    out = set()
+    for e in (*fold.rows, *(() if fold.terms is None else (fold.terms,))):
+        for n in walk_expr(e):
+            if isinstance(n, (Local, Element)):
+                return None
+            if isinstance(n, Load):
+                out.add(n.buffer)
+    return out
+
+
+def _fused(first: Stmt, second: Stmt, tag: int) -> tuple[Stmt, list[Stmt], Stmt] | None:
+    """(first with second's first fold beside its last one, the Lets of the moved fold's lanes,
+    second taking those lanes), or None where the module's conditions fail."""
+    mine, theirs = list(_sites(first)), list(_sites(second))
+    if not mine or not theirs:
+        return None
+    (where, home, k), (their_where, there, j) = mine[-1], theirs[0]
+    let, their_let = home.body[k], there.body[j]
+    if where != their_where or not isinstance(their_let.value, Fold):
+        return None
+    folds, fold = _folds(let.value), their_let.value
+    rows = list(folds[0].rows)
+    reads = _reads(fold)
+    if (reads is None or fold.op != folds[0].op or (fold.lo, fold.hi) != (folds[0].lo, folds[0].hi)
+            or fold.lanes.dtype != folds[0].lanes.dtype or not all(isinstance(r, Row) for r in (*rows, *fold.rows))
+            or len({r.dtype for r in (*rows, *fold.rows)}) != 1):
+        return None
+    inits = {n.var: n.value for n in there.body[:j] if isinstance(n, Let) and isinstance(n.var, Local)}
+    if (reads & _writes([first]) or reads & _writes(there.body[:j])
+            or not all(isinstance(inits.get(q), Const) for q in fold.lanes.locals)):
+        return None
+    position = {}
+    for r in fold.rows:
+        if r not in rows:
+            rows.append(r)
+        position[fold.rows.index(r)] = rows.index(r)
+    if len(rows) > MAX_ROWS:
+        return None
+    terms = Term(position[0], fold.rows[0].dtype) if fold.terms is None else \
+        rewrite(fold.terms, lambda n: Term(position[n.k], n.dtype) if isinstance(n, Term) else None)
+    moved = Lanes(tuple(Local(f"{q.name}_with{tag}", q.dtype) for q in fold.lanes.locals))
+    pass_ = Folds(tuple(replace(f, rows=tuple(rows), terms=f.terms if f.terms is not None else Term(0, f.rows[0].dtype))
+                        for f in folds) + (Fold(fold.op, tuple(rows), fold.lo, fold.hi, moved, terms),))
+    targets = let.var.lanes if isinstance(let.var, LanesOf) else (let.var,)
+    first = _replace(first, home, k, [Let(LanesOf((*targets, moved)), pass_)])
+    lets = [Let(q, inits[p]) for q, p in zip(moved.locals, fold.lanes.locals, strict=True)]
+    dead = set(fold.lanes.locals)
+    kept = [n for n in there.body[:j] if not (isinstance(n, Let) and n.var in dead)]
+    second = _replace(second, there, j, [Let(fold.lanes, moved)], kept)
+    return first, lets, second
+
+
+def _replace(s: Stmt, target: Block, k: int, stmts: list[Stmt], before: list[Stmt] | None = None) -> Stmt:
+    """`s` with `target.body[k]` (target: a Block inside s, by identity) replaced by `stmts`, and
+    with `before` in place of the statements before it, where given."""
+    if s is target:
+        head = list(s.body[:k]) if before is None else before
+        return Block((*head, *stmts, *s.body[k + 1:]))
+    match s:
+        case Block(body):
+            return Block(tuple(_replace(c, target, k, stmts, before) for c in body))
+        case For(body=body) | Spans(body=body):
+            return replace(s, body=_replace(body, target, k, stmts, before))
+        case If(_, then, otherwise):
+            return replace(s, then=_replace(then, target, k, stmts, before),
+                           otherwise=otherwise and _replace(otherwise, target, k, stmts, before))
+    return s
