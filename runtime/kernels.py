@@ -39,10 +39,10 @@ from halide_ad.runtime.gathers import (gather_statements, gather_terms, lift_red
 from halide_ad.runtime.schedule import Split, interior
 from halide_ad.runtime.schedule.accumulate import split_accumulators
 from halide_ad.runtime.schedule.column_parts import ROWS_AT_ONCE, column_parts, row_blocks, row_term
+from halide_ad.runtime.schedule.fuse_folds import fuse_folds
 from halide_ad.runtime.schedule.fuse_rows import fuse_rows, rows_local
 from halide_ad.runtime.schedule.parallel import choose_parallel, parallel_dim, parallel_min_points
 from halide_ad.runtime.schedule.phases import as_gather, pointwise_split
-from halide_ad.runtime.schedule.fuse_folds import fuse_folds
 from halide_ad.runtime.schedule.row_sums import fuse_row_sums
 from halide_ad.runtime.schedule.rows import gathers_by_rows, interchange_rows
 from halide_ad.runtime.schedule.stage import clip_split, read_box, row_group, stage_depth

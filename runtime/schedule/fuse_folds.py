@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from halide_ad.ir import Const, Load
-from halide_ad.runtime.loops import (Accumulate, Allocate, Block, Comment, Element, Fold, Folds, For, If, Lanes, LanesOf, Let, Local,
-                                     Row, Spans, Stmt, Store, Term, walk)
+from halide_ad.ir import Const
+from halide_ad.runtime.loops import (Allocate, Block, Comment, Element, Fold, Folds, For, If, Lanes, LanesOf, Let, Local, Row,
+                                     Spans, Stmt, Term)
+from halide_ad.runtime.schedule.row_sums import read_names, written_names
 from halide_ad.traverse import rewrite, walk as walk_expr
 
 MAX_ROWS = 6  # rows of one pass: each a vector load a round, in registers beside the folds' lanes
@@ -66,30 +67,13 @@ def _folds(value) -> tuple[Fold, ...]:
     return value.folds if isinstance(value, Folds) else (value,)
 
 
-def _writes(stmts) -> set:
-    """The buffers and locals that `stmts` store to or accumulate into."""
-    out: set = set()
-    for stmt in stmts:
-        for n in walk(stmt):
-            if isinstance(n, Store):
-                out.add(n.buffer)
-            elif isinstance(n, (Accumulate, Let)):
-                target = n.target if isinstance(n, Accumulate) else n.var
-                for t in walk_expr(target):
-                    out.add(t.buffer if isinstance(t, Load) else t.array if isinstance(t, Element) else t)
-    return out
-
-
-def _reads(fold: Fold) -> set | None:
-    """The buffers a fold reads, or None where it reads a local (a row of terms, a hoisted value)."""
-    out = set()
-    for e in (*fold.rows, *(() if fold.terms is None else (fold.terms,))):
-        for n in walk_expr(e):
-            if isinstance(n, (Local, Element)):
-                return None
-            if isinstance(n, Load):
-                out.add(n.buffer)
-    return out
+def _reads(fold: Fold) -> set[str] | None:
+    """What a fold reads (`row_sums.read_names`), or None where it reads a local (a row of terms,
+    a hoisted value), which the nest it leaves may have set."""
+    exprs = (*fold.rows, *(() if fold.terms is None else (fold.terms,)))
+    if any(isinstance(n, (Local, Element)) for e in exprs for n in walk_expr(e)):
+        return None
+    return set().union(*map(read_names, exprs))
 
 
 def _fused(first: Stmt, second: Stmt, tag: int) -> tuple[Stmt, list[Stmt], Stmt] | None:
@@ -110,7 +94,7 @@ def _fused(first: Stmt, second: Stmt, tag: int) -> tuple[Stmt, list[Stmt], Stmt]
             or len({r.dtype for r in (*rows, *fold.rows)}) != 1):
         return None
     inits = {n.var: n.value for n in there.body[:j] if isinstance(n, Let) and isinstance(n.var, Local)}
-    if (reads & _writes([first]) or reads & _writes(there.body[:j])
+    if (reads & (written_names(first) | written_names(Block(there.body[:j])))
             or not all(isinstance(inits.get(q), Const) for q in fold.lanes.locals)):
         return None
     position = {}

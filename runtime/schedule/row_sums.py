@@ -77,8 +77,8 @@ def _fused(first: Stmt, second: Stmt, between: set[str]) -> tuple[Stmt, Stmt] | 
         return None
     opened = {w[1] for w in where if w[0] == "for"} | {_name(loop.var), _name(their_loop.var)}
     lets = their_loop.body.body
-    read = {name for n in lets for name in _read(n.value)} - opened
-    if read & (_written(first) | between | _written(second, skip=their_loop)):
+    read = {name for n in lets for name in read_names(n.value)} - opened
+    if read & (written_names(first) | between | written_names(second, skip=their_loop)):
         return None
     taken = {a.array for a in (*walk(first), *walk(second)) if isinstance(a, Allocate)}
     rename: dict[str, str] = {}
@@ -132,7 +132,7 @@ def _name(v) -> str:
     return v if isinstance(v, str) else v.name
 
 
-def _read(e: Expr) -> set[str]:
+def read_names(e: Expr) -> set[str]:
     """The buffers, locals, local arrays and variables `e` reads."""
     out = set()
     for n in walk_expr(e):
@@ -159,7 +159,7 @@ def _target(t) -> set[str]:
     return set()
 
 
-def _written(s: Stmt, skip: Stmt | None = None) -> set[str]:
+def written_names(s: Stmt, skip: Stmt | None = None) -> set[str]:
     """What the statements of `s` (but `skip`) write: buffers, locals, local arrays, loop variables."""
     out: set[str] = set()
     for n in _walk_but(s, skip):
