@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from halide_ad.ir import Const
-from halide_ad.runtime.loops import (Allocate, Block, Comment, Element, Fold, Folds, For, If, Lanes, LanesOf, Let, Local, Row,
-                                     Spans, Stmt, Term)
-from halide_ad.runtime.schedule.row_sums import read_names, written_names
+from halide_ad.runtime.loops import Block, Element, Fold, Folds, For, If, Lanes, LanesOf, Let, Local, Row, Spans, Stmt, Term
+from halide_ad.runtime.schedule.row_sums import fuse_consecutive, read_names, single_sites, written_names
 from halide_ad.traverse import rewrite, walk as walk_expr
 
 MAX_ROWS = 6  # rows of one pass: each a vector load a round, in registers beside the folds' lanes
@@ -29,38 +28,18 @@ MAX_ROWS = 6  # rows of one pass: each a vector load a round, in registers besid
 
 def fuse_folds(s: Stmt) -> Stmt:
     """`s` with each lane fold that the module's conditions allow moved into the nest before it."""
-    match s:
-        case Block(body):
-            out: list[Stmt] = []
-            for stmt in map(fuse_folds, body):
-                before = [k for k, c in enumerate(out) if not isinstance(c, (Comment, Allocate))]
-                if before and (fused := _fused(out[before[-1]], stmt, len(out))) is not None:
-                    first, lets, stmt = fused
-                    out[before[-1]] = first
-                    out[before[-1]:before[-1]] = lets  # the moved fold's lanes, set before its new nest
-                out.append(stmt)
-            return Block(tuple(out))
-        case For(body=body) | Spans(body=body):
-            return replace(s, body=fuse_folds(body))
-        case If(_, then, otherwise):
-            return replace(s, then=fuse_folds(then), otherwise=otherwise and fuse_folds(otherwise))
-    return s
+    def fuse(first, second, _, tag):
+        fused = _fused(first, second, tag)
+        if fused is None:
+            return None
+        first, lets, second = fused
+        return [*lets, first], second  # the moved fold's lanes, set before its new nest
+    return fuse_consecutive(s, fuse)
 
 
-def _sites(s: Stmt, where: tuple = ()):
-    """(where, block, k) for each fold in `s` (`block.body[k]` a Let of a Fold or Folds) reached
-    through loops of one iteration and tests without an else; `where` those loops and tests."""
-    match s:
-        case Block(body):
-            for k, c in enumerate(body):
-                if isinstance(c, Let) and isinstance(c.value, (Fold, Folds)):
-                    yield where, s, k
-                else:
-                    yield from _sites(c, where)
-        case For(var, lo, hi, kind, body, step) if isinstance(lo, int) and isinstance(hi, int) and hi - lo == 1:
-            yield from _sites(body, (*where, ("for", var, lo, hi, kind, step)))
-        case If(cond, then, None):
-            yield from _sites(then, (*where, ("if", cond)))
+def _fold_site(body: tuple[Stmt, ...], k: int) -> bool:
+    """Whether body[k] is a Let of a Fold or Folds."""
+    return isinstance(body[k], Let) and isinstance(body[k].value, (Fold, Folds))
 
 
 def _folds(value) -> tuple[Fold, ...]:
@@ -79,7 +58,7 @@ def _reads(fold: Fold) -> set[str] | None:
 def _fused(first: Stmt, second: Stmt, tag: int) -> tuple[Stmt, list[Stmt], Stmt] | None:
     """(first with second's first fold beside its last one, the Lets of the moved fold's lanes,
     second taking those lanes), or None where the module's conditions fail."""
-    mine, theirs = list(_sites(first)), list(_sites(second))
+    mine, theirs = list(single_sites(first, _fold_site)), list(single_sites(second, _fold_site))
     if not mine or not theirs:
         return None
     (where, home, k), (their_where, there, j) = mine[-1], theirs[0]

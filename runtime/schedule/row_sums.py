@@ -23,37 +23,51 @@ from halide_ad.traverse import map_children, substitute, walk as walk_expr
 def fuse_row_sums(s: Stmt) -> Stmt:
     """`s` with the terms loop of each lane fold (`lane_rounds`) moved into the terms loop of the
     nest before it where the module says it may: one loop writing both rows."""
+    def fuse(first, second, between, _):
+        fused = _fused(first, second, between)
+        return None if fused is None else ([fused[0]], fused[1])
+    return fuse_consecutive(s, fuse)
+
+
+def fuse_consecutive(s: Stmt, fuse) -> Stmt:
+    """`s` with each statement offered, with the nest before it (past comments and allocations),
+    to `fuse(first, second, between, tag)`: None, or (the statements that take first's place,
+    second's new form). `between`: the local arrays allocated between the two; `tag`: a number no
+    other call of this pass gets, for new names. (`fuse_folds` runs on this too.)"""
     match s:
         case Block(body):
             out: list[Stmt] = []
-            for stmt in map(fuse_row_sums, body):
+            for stmt in (fuse_consecutive(c, fuse) for c in body):
                 before = [k for k, c in enumerate(out) if not isinstance(c, (Comment, Allocate))]
-                between = {c.array for c in out[before[-1] + 1:] if isinstance(c, Allocate)} if before else set()
-                if before and (fused := _fused(out[before[-1]], stmt, between)) is not None:
-                    out[before[-1]], stmt = fused
+                if before:
+                    k = before[-1]
+                    between = {c.array for c in out[k + 1:] if isinstance(c, Allocate)}
+                    if (fused := fuse(out[k], stmt, between, len(out))) is not None:
+                        out[k:k + 1], stmt = fused
                 out.append(stmt)
             return Block(tuple(out))
         case For(body=body) | Spans(body=body):
-            return replace(s, body=fuse_row_sums(body))
+            return replace(s, body=fuse_consecutive(body, fuse))
         case If(_, then, otherwise):
-            return replace(s, then=fuse_row_sums(then), otherwise=otherwise and fuse_row_sums(otherwise))
+            return replace(s, then=fuse_consecutive(then, fuse), otherwise=otherwise and fuse_consecutive(otherwise, fuse))
     return s
 
 
-def _terms_loops(s: Stmt, where: tuple = ()):
-    """(where, loop) for each terms loop in `s` reached through loops of one iteration and tests
-    without an else: `where` those loops' ranges and the tests, outermost first."""
+def single_sites(s: Stmt, pick, where: tuple = ()):
+    """(where, block, k) for each `block.body[k]` in `s` that pick(block.body, k) takes, reached
+    through loops of one iteration and tests without an else: `where` those loops' ranges and the
+    tests, outermost first. (`fuse_folds` finds its folds with this too.)"""
     match s:
         case Block(body):
             for k, c in enumerate(body):
-                if _terms_loop(body, k):
-                    yield where, c
+                if pick(body, k):
+                    yield where, s, k
                 else:
-                    yield from _terms_loops(c, where)
+                    yield from single_sites(c, pick, where)
         case For(var, lo, hi, kind, body, step) if isinstance(lo, int) and isinstance(hi, int) and hi - lo == 1:
-            yield from _terms_loops(body, (*where, ("for", _name(var), lo, hi, kind, step)))
+            yield from single_sites(body, pick, (*where, ("for", _name(var), lo, hi, kind, step)))
         case If(cond, then, None):
-            yield from _terms_loops(then, (*where, ("if", cond)))
+            yield from single_sites(then, pick, (*where, ("if", cond)))
 
 
 def _terms_loop(body: tuple[Stmt, ...], k: int) -> bool:
@@ -69,10 +83,11 @@ def _terms_loop(body: tuple[Stmt, ...], k: int) -> bool:
 def _fused(first: Stmt, second: Stmt, between: set[str]) -> tuple[Stmt, Stmt] | None:
     """(first, second) with second's first terms loop moved into first's last one, or None where
     the module's conditions fail; `between`: the local arrays allocated between the two."""
-    mine, theirs = list(_terms_loops(first)), list(_terms_loops(second))
+    mine, theirs = list(single_sites(first, _terms_loop)), list(single_sites(second, _terms_loop))
     if not mine or not theirs:
         return None
-    (where, loop), (their_where, their_loop) = mine[-1], theirs[0]
+    (where, home, k), (their_where, there, j) = mine[-1], theirs[0]
+    loop, their_loop = home.body[k], there.body[j]
     if where != their_where or (loop.lo, loop.hi) != (their_loop.lo, their_loop.hi):
         return None
     opened = {w[1] for w in where if w[0] == "for"} | {_name(loop.var), _name(their_loop.var)}
