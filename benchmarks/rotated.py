@@ -9,10 +9,10 @@ number of threads (numba's and torch's thread counts; XLA without its thread poo
 thread), halide_ad without tiers (its kernels compiled before the first call). Each round calls
 every library's pass once, back to back, in a fixed order, so that a stretch of load falls on
 all alike; each call follows an untimed call of its own. On one thread a call is timed in CPU
-time, which compares the work each library does; on more, in wall time. Calls are made as in
-the runner: halide_ad's `vjp_fn(ct)`, PyTorch's `torch.autograd.grad` on a graph built once
-(forward under no_grad), and JAX's jitted forward and jitted vjp function applied to its
-residuals.
+time, which compares the work each library does; on more, in wall time. The calls are the
+runner's (`ours.prepare_halide_ad`, `peers.prepare_torch`, `peers.prepare_jax`): halide_ad's
+`vjp_fn(ct)`, PyTorch's `torch.autograd.grad` on a graph built once (forward under no_grad),
+and JAX's jitted forward and jitted vjp function applied to its residuals.
 """
 from __future__ import annotations
 
@@ -30,33 +30,17 @@ def _arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _calls(name: str, inputs: list[np.ndarray], threads: int) -> dict[str, object]:
-    """{library pass: a call}, for everyday's case `name`."""
-    import jax
-    import torch
-
-    import halide_ad as hd
-    from benchmarks import everyday
-    torch.set_num_threads(threads)
-    ours, theirs, jaxs = (getattr(everyday, f"{p}{name}") for p in ("", "torch_", "jax_"))
-    out, vjp_fn = hd.vjp(ours, *inputs)
-    ct = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
-    xs = [torch.from_numpy(x).requires_grad_() for x in inputs]
-    y, t_ct = theirs(*xs), torch.from_numpy(ct)
-
-    def torch_forward():
-        with torch.no_grad():
-            theirs(*xs)
-    forward = jax.jit(jaxs)
-    j_inputs, j_ct = jax.device_put(inputs), jax.device_put(ct)  # as the runner: no copy a call
-    _, j_vjp = jax.jit(lambda *a: jax.vjp(jaxs, *a))(*j_inputs)
-    apply = jax.jit(lambda f, c: f(c))
-    return {"halide_ad forward": lambda: ours(*inputs),
-            "halide_ad backward": lambda: vjp_fn(ct),
-            "PyTorch forward": torch_forward,
-            "PyTorch backward": lambda: torch.autograd.grad(y, xs, t_ct, retain_graph=True),
-            "JAX forward": lambda: jax.block_until_ready(forward(*j_inputs)),
-            "JAX backward": lambda: jax.block_until_ready(apply(j_vjp, j_ct))}
+def _calls(name: str) -> dict[str, object]:
+    """{library pass: a call}, for everyday's case `name`, as the runner prepares them
+    (`ours.prepare_halide_ad`, `peers.prepare_torch` with its default allocator, `peers.prepare_jax`),
+    with a backward for every case (the runner times tanh's forward only)."""
+    from benchmarks import everyday, ours, peers
+    case = next(c for c in everyday.EVERYDAY_CASES if c.name == name)
+    inputs, ct = case.make_inputs(small=False), case.cotangent(small=False)
+    prepared = {"halide_ad": ours.prepare_halide_ad(case.halide_ad, inputs, ct),
+                "PyTorch": peers.prepare_torch(case.torch, inputs, ct, thp=False),
+                "JAX": peers.prepare_jax(case.jax, inputs, ct)}
+    return {f"{library} {p}": getattr(passes, p) for library, passes in prepared.items() for p in ("forward", "backward")}
 
 
 def main() -> None:
@@ -65,14 +49,8 @@ def main() -> None:
     os.environ["HALIDE_AD_TIERED"] = "0"  # steady state: no background compile to count
     if args.threads == 1:
         os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    from benchmarks import everyday
     clock = time.process_time if args.threads == 1 else time.perf_counter
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal(everyday.ROWS).astype(np.float32)
-    gamma, beta = (rng.standard_normal(everyday.ROWS[1]).astype(np.float32) for _ in range(2))
-    flat = rng.standard_normal(everyday.ELEMENTS).astype(np.float32)
-    calls = {name: _calls(name, inputs, args.threads)
-             for name, inputs in (("tanh", [flat]), ("softmax", [x]), ("layer_norm", [x, gamma, beta]))}
+    calls = {name: _calls(name) for name in ("tanh", "softmax", "layer_norm")}
     times: dict[tuple[str, str], list[float]] = {(n, k): [] for n, c in calls.items() for k in c}
     for _ in range(3):  # warm-up: compiles, buffer pools, page faults
         for c in calls.values():
