@@ -92,21 +92,15 @@ def _fold_of(op: str):
         rows' float type (all rows of one type; a scalar is converted to it). The terms of a
         reduction read in place, where the loop that wrote them to a row first cost softmax's
         backward 8-10%."""
-        if not (isinstance(terms, types.StringLiteral) and isinstance(rows, types.BaseTuple) and len(rows)
-                and isinstance(scalars, types.BaseTuple) and _lanes(lanes) and all(map(_row, rows))):
+        if not (isinstance(terms, types.StringLiteral) and _lanes(lanes)):
             return None
-        element = rows[0].dtype
-        code = _terms_code(terms.literal_value, len(rows), len(scalars))
-        if (code is None or any(r.dtype != element for r in rows)
-                or not all(isinstance(s, (types.Float, types.Integer)) for s in scalars)):
+        codes = _terms_codes((terms.literal_value,), rows, scalars)
+        if codes is None:
             return None
 
         def codegen(context, builder, sig, args):
-            vrows = [(r, v) for r, v in zip(rows, cgutils.unpack_tuple(builder, args[1], len(rows)))]
-            values = [context.cast(builder, v, t, element)  # (of the rows' type already, as the IR says)
-                      for v, t in zip(cgutils.unpack_tuple(builder, args[2], len(scalars)), scalars)]
-            return _fold_code(context, builder, op, vrows, [code], values, args[3:5], sig.args[3:5], lanes,
-                              [args[5]])[0]
+            vrows, values = _operands(context, builder, rows, scalars, args)
+            return _fold_code(context, builder, op, vrows, codes, values, args[3:5], sig.args[3:5], lanes, [args[5]])[0]
         return lanes(terms, rows, scalars, lo, hi, lanes), codegen
     return fold_of
 
@@ -121,25 +115,38 @@ def _folds_of(op: str):
         `fold_of` each."""
         if not (isinstance(terms, types.BaseTuple) and len(terms) > 1
                 and all(isinstance(t, types.StringLiteral) for t in terms)
-                and isinstance(lanes, types.UniTuple) and lanes.count == len(terms) and _lanes(lanes.dtype)
-                and isinstance(rows, types.BaseTuple) and len(rows) and isinstance(scalars, types.BaseTuple)
-                and all(map(_row, rows))):
+                and isinstance(lanes, types.UniTuple) and lanes.count == len(terms) and _lanes(lanes.dtype)):
             return None
-        element = rows[0].dtype
-        codes = [_terms_code(t.literal_value, len(rows), len(scalars)) for t in terms]
-        if (any(c is None for c in codes) or any(r.dtype != element for r in rows)
-                or not all(isinstance(s, (types.Float, types.Integer)) for s in scalars)):
+        codes = _terms_codes(tuple(t.literal_value for t in terms), rows, scalars)
+        if codes is None:
             return None
 
         def codegen(context, builder, sig, args):
-            vrows = [(r, v) for r, v in zip(rows, cgutils.unpack_tuple(builder, args[1], len(rows)))]
-            values = [context.cast(builder, v, t, element)
-                      for v, t in zip(cgutils.unpack_tuple(builder, args[2], len(scalars)), scalars)]
-            folded = _fold_code(context, builder, op, vrows, codes, values, args[3:5], sig.args[3:5],
-                                lanes.dtype, cgutils.unpack_tuple(builder, args[5], len(terms)))
+            vrows, values = _operands(context, builder, rows, scalars, args)
+            folded = _fold_code(context, builder, op, vrows, codes, values, args[3:5], sig.args[3:5], lanes.dtype,
+                                cgutils.unpack_tuple(builder, args[5], len(terms)))
             return context.make_tuple(builder, lanes, folded)
         return lanes(terms, rows, scalars, lo, hi, lanes), codegen
     return folds_of
+
+
+def _terms_codes(texts: tuple[str, ...], rows, scalars) -> list | None:
+    """The terms functions (`_terms_code`) of `texts` over `rows` (of one float type) and numeric
+    `scalars`, or None where a fold of them does not type here."""
+    if not (isinstance(rows, types.BaseTuple) and len(rows) and isinstance(scalars, types.BaseTuple)
+            and all(map(_row, rows)) and all(r.dtype == rows[0].dtype for r in rows)
+            and all(isinstance(s, (types.Float, types.Integer)) for s in scalars)):
+        return None
+    codes = [_terms_code(t, len(rows), len(scalars)) for t in texts]
+    return None if any(c is None for c in codes) else codes
+
+
+def _operands(context, builder, rows, scalars, args) -> tuple[list, list]:
+    """A fold_of call's rows, as (type, value) pairs, and its scalars, converted to the rows' type."""
+    vrows = list(zip(rows, cgutils.unpack_tuple(builder, args[1], len(rows))))
+    values = [context.cast(builder, v, t, rows[0].dtype)  # (of the rows' type already, as the IR says)
+              for v, t in zip(cgutils.unpack_tuple(builder, args[2], len(scalars)), scalars)]
+    return vrows, values
 
 
 def _row(row) -> bool:
