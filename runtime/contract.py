@@ -206,8 +206,8 @@ def contraction(out: str, out_index: tuple[Expr, ...], value: Expr, domain: tupl
     if absent:
         return None  # a variable that only repeats a term: leave it to the loop nest
     read = {w: {v for t, w_ in components if w_ == w for v in t if v is not None and t[v]} for w in ("a", "b")}
-    if b is not None and out_vars and not taps and read["a"] == read["b"]:
-        return None  # row-wise dot products (softmax's gradient): each term read once, no reuse for BLAS
+    if b is not None and not taps and read["a"] == read["b"]:
+        return None  # dot products, row-wise ones (softmax's gradient) too: each term read once, no reuse for BLAS
     tap_ranges = tuple(ranges[v] for v in sorted(taps, key=lambda v: list(ranges).index(v)))
     summed = math.prod(ranges[v].extent for v in used - out_vars - taps)
     if math.prod(t.extent for t in tap_ranges) > MAX_TAPS or summed < MIN_CONTRACTED or (b is None and taps):

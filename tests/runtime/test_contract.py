@@ -550,15 +550,17 @@ def test_a_sum_of_one_operand_is_a_numpy_sum(dtype):
         hd.check_grad(shifted_by_half_a_bias, x3, b3)
 
 
-def test_row_wise_dot_products_are_no_contraction():
-    """s[i] = sum_j a[i, j] * b[i, j] reads each element once (no reuse for BLAS): a loop nest
-    that a row group can join. A dense product's operands keep theirs."""
+def test_dot_products_are_no_contraction():
+    """s[i] = sum_j a[i, j] * b[i, j] and t = sum_ij a[i, j] * b[i, j] read each element once (no
+    reuse for BLAS): loop nests, which a row group can join and which add a long float32 sum in
+    float64 (BLAS's sdot adds in float32). A dense product's operands keep theirs."""
     from halide_ad.ir import Bin, Load, Op, Range, Var
     from halide_ad.runtime.contract import contraction
     i, j, k = Var("i"), Var("j"), Var("k")
-    shapes = {"a": (64, 32), "b": (64, 32), "w": (32, 16), "s": (64,), "y": (64, 16)}
+    shapes = {"a": (64, 32), "b": (64, 32), "w": (32, 16), "s": (64,), "t": (), "y": (64, 16)}
     dot = Bin(Op.MUL, Load("a", (i, j), "float32"), Load("b", (i, j), "float32"))
     assert contraction("s", (i,), dot, (Range(i, 0, 64), Range(j, 0, 32)), None, shapes) is None
+    assert contraction("t", (), dot, (Range(i, 0, 64), Range(j, 0, 32)), None, shapes) is None
     product = Bin(Op.MUL, Load("a", (i, k), "float32"), Load("w", (k, j), "float32"))
     assert contraction("y", (i, j), product, (Range(i, 0, 64), Range(j, 0, 16), Range(k, 0, 32)), None,
                        shapes) is not None

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import halide_ad as hd
-from halide_ad import ops
+from halide_ad import ops, tiered
 from halide_ad.runtime.lower import LONG_SUM
 from halide_ad.runtime.schedule.accumulate import LANES
 
@@ -30,6 +30,12 @@ def test_a_long_float32_sum_is_rounded_once(rng):
     x = rng.random((600, 500), dtype=np.float32)
     squares = (x * x).astype(np.float64)
     _within_one_ulp(sum_of_squares(x), squares.sum())
+    y = rng.random((600, 500), dtype=np.float32)  # a dot product, at any parallel threshold, on either tier
+    dot = hd.func(lambda x, y: ops.sum(x * y))
+    first = dot(x, y)
+    tiered.settle()
+    for got in (first, dot(x, y)):
+        _within_one_ulp(got, (x.astype(np.float64) * y).sum())
     _within_one_ulp(hd.func(lambda x: ops.sum(x, axis=0))(x), x.astype(np.float64).sum(axis=0))
     _within_one_ulp(hd.func(lambda x: ops.sum(x, axis=1))(x), x.astype(np.float64).sum(axis=1))
     assert "acc = 0.0\n" in hd.explain(sum_of_squares, x).forward_source  # a float64 literal
