@@ -44,7 +44,7 @@ def tiered_enabled() -> bool:
 
 INTERPRET_MAX = 1 << 30
 MAX_POINTS = 1 << 36
-PARALLEL_MIN_POINTS = 1 << 17
+PARALLEL_MIN_POINTS = 1 << 19  # runtime/schedule/parallel.py says why
 POOL_BYTES = 1 << 30
 Z3_TIMEOUT_MS = 2000
 
