@@ -163,6 +163,10 @@ def test_where_selects_the_bits_np_where_does(dtype):
         assert got.tobytes() == expect.tobytes()
     one = np.asarray(-0.0).astype(dtype)
     assert bitselect.where(np.True_, one, np.ones(1, dtype)).tobytes() == one.reshape(1).tobytes()
+    for zero in (np.asarray(0, dtype), np.zeros((1, 1, 1), dtype), np.asarray(-0.0).astype(dtype)):
+        expect = np.where(cond, true, zero)  # a relu's select: where -0.0 is no zero bits
+        for got in (bitselect.where(cond, true, zero), bitselect.where(cond, true, zero, out=np.empty_like(expect))):
+            assert got.shape == expect.shape and got.tobytes() == expect.tobytes()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
