@@ -24,12 +24,12 @@ def where(cond: np.ndarray, true: np.ndarray, false: np.ndarray, out: np.ndarray
     mask = np.empty(shape, bits)
     mask[...] = cond
     np.negative(mask, out=mask)  # all ones where cond holds
-    low = false.astype(dtype, copy=False).view(bits)
+    high, low = (x.astype(dtype, copy=False).view(bits) for x in (true, false))
     o = (np.empty(shape, dtype) if out is None else out).view(bits)
     if low.size == 1 and not low.any():
-        np.bitwise_and(true.astype(dtype, copy=False).view(bits), mask, out=o)
+        np.bitwise_and(high, mask, out=o)
         return o.view(dtype)
-    np.bitwise_xor(true.astype(dtype, copy=False).view(bits), low, out=o)
+    np.bitwise_xor(high, low, out=o)
     np.bitwise_and(o, mask, out=o)
     np.bitwise_xor(o, low, out=o)
     return o.view(dtype)
