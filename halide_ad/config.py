@@ -11,6 +11,7 @@ running process (the compiled kernels key on the settings that shape them).
 | HALIDE_AD_INTERPRET_MAX | 2**30 | the most element operations of a first forward, and of its gradient (`runtime/vectorized_cost.py`'s estimate of each pass), that the interpreter takes: about a second of numpy, less than numba's compile of a pass's kernels in a fresh process; a program with a larger pass compiles first |
 | HALIDE_AD_MAX_POINTS | 2**36 | the most points of a Func's domain that a trace accepts |
 | HALIDE_AD_PARALLEL_MIN_POINTS | 2**17 | the fewest points of a loop nest that run on the thread pool |
+| HALIDE_AD_PIN_WORKERS | 1 | 0 leaves the kernel threads on whatever CPU the OS gives them, where 1 keeps them off the CPU of the thread that starts a loop (`runtime/parallel.py` says why) |
 | HALIDE_AD_POOL_BYTES | 2**30 | bytes of freed buffers kept for reuse (read at import) |
 | HALIDE_AD_Z3_TIMEOUT_MS | 2000 | z3's time limit per query (read at import) |
 | HALIDE_AD_DUMP | (none) | stages to print while compiling, comma-separated: `ad`, `invert`, `route`, `inline`, any schedule pass (`choose_parallel`, ...: the nest it returns), any schedule decision (`interior`, `loads_to_hoist`, ...: what it decided, a line per call), `updates` (each update's loop nest), `source`; while it names any, generated code is emitted afresh, not read from the disk cache, so that the stages print |
@@ -59,6 +60,10 @@ def max_points() -> int:
 
 def parallel_min_points() -> int:
     return _int("HALIDE_AD_PARALLEL_MIN_POINTS", PARALLEL_MIN_POINTS)
+
+
+def pin_workers() -> bool:
+    return os.environ.get("HALIDE_AD_PIN_WORKERS", "1") != "0"
 
 
 def pool_bytes() -> int:

@@ -8,7 +8,9 @@ several times slower, re-optimize the whole loop body a second time, and its Ope
 after every loop, which halves the speed of a BLAS call that follows on a small machine.
 
 Every element has one writer, so the result is the same bits for any number of threads.
-`numba.set_num_threads` (or NUMBA_NUM_THREADS) sets how many chunks run at once.
+`numba.set_num_threads` (or NUMBA_NUM_THREADS) sets how many chunks run at once. The pool's
+threads are kept off the CPU of the thread that starts a loop (`_keep_workers_off_caller`;
+HALIDE_AD_PIN_WORKERS=0 leaves them to the OS).
 
 `kernel` compiles a generated loop function as numba compiles a prange loop's body: it releases
 the GIL, its arrays are marked as not aliasing one another (every buffer a kernel writes is its
@@ -23,6 +25,7 @@ that inlines closures, and the C-callable wrapper that only first-class function
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import itertools
 import os
@@ -34,6 +37,8 @@ import numpy as np
 import threadpoolctl
 from numba import njit
 from numba.extending import intrinsic
+
+from halide_ad import config
 
 try:  # numba's internals, for the additions below (`_noalias`, `_lean_cache`, `_kernel_pipeline`)
     from numba.core import cpu, options
@@ -64,8 +69,9 @@ _chunk = threading.local()  # .running: this thread runs a chunk, where a nested
 
 def _forget_pool() -> None:
     """In a forked child the pool's threads do not exist: work handed to it would never run."""
-    global _pool
-    _pool = None
+    global _pool, _placement
+    _pool, _placement = None, None
+    _worker_ids.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -78,6 +84,64 @@ def _workers() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(max(1, numba.config.NUMBA_NUM_THREADS - 1), thread_name_prefix="halide_ad")
         return _pool
+
+
+try:  # glibc's; reads the CPU from the vDSO, no system call
+    _sched_getcpu = ctypes.CDLL(None).sched_getcpu
+    _sched_getcpu.restype, _sched_getcpu.argtypes = ctypes.c_int, []
+except (OSError, AttributeError):
+    _sched_getcpu = None
+_worker_ids: set[int] = set()  # the native thread ids of the pool's threads
+_placement: tuple[int, frozenset[int]] | None = None  # (the CPU the workers are kept off, the CPUs they may use)
+
+
+def _keep_workers_off_caller() -> frozenset[int] | None:
+    """The CPUs the pool's workers may run on for this loop: those the calling thread may, but
+    the one it runs on; None to leave them where the OS puts them (HALIDE_AD_PIN_WORKERS=0,
+    one CPU, no sched_getcpu). Workers seen before are restricted to them here, and a worker not
+    yet seen restricts itself (`_place_worker`). The affinities are set again only when the
+    caller's CPU changes.
+
+    Woken by a caller that had slept 10 ms or more, a worker often started on the caller's own
+    CPU, and the two shared it until the OS moved one: in a 2-vCPU VM, the loop ran at one
+    thread's speed for milliseconds. Layer norm's forward over (4096, 1024), the call after an
+    untimed one after each sleep (60 alternating rounds at 7ecbc03): 3.87 ms after 10 ms sleeps
+    (4.04 after 20, 4.12 after 50) with the workers left alone, 2.37 (2.51, 2.51) with them kept
+    off the caller's CPU; tanh over 4M 3.65 against 2.17 ms; back to back, no change."""
+    global _placement
+    cpu = _sched_getcpu() if _sched_getcpu is not None and config.pin_workers() else -1
+    if _placement is not None and _placement[0] == cpu:
+        return _placement[1]
+    if _placement is None and cpu < 0:
+        return None
+    allowed = frozenset(os.sched_getaffinity(0))
+    if cpu not in allowed or len(allowed) < 2:  # off, or nothing to keep them off
+        if _placement is not None:
+            _placement = None
+            _set_worker_affinity(allowed)
+        return None
+    _placement = cpu, allowed - {cpu}
+    _set_worker_affinity(_placement[1])
+    return _placement[1]
+
+
+def _set_worker_affinity(cpus: frozenset[int]) -> None:
+    for tid in list(_worker_ids):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # the thread is gone, or the OS refuses: it stays as it is
+            _worker_ids.discard(tid)
+
+
+def _place_worker(cpus: frozenset[int] | None) -> None:
+    """On a pool thread: seen for the first time, it registers and takes `cpus` itself."""
+    tid = threading.get_native_id()
+    if tid in _worker_ids:
+        return
+    _worker_ids.add(tid)
+    if cpus is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
 
 
 def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
@@ -103,7 +167,9 @@ def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
     chunks = itertools.pairwise([start + (stop - start) * k // pieces for k in range(pieces + 1)])
     taking = threading.Lock()
 
-    def work() -> None:
+    def work(cpus=None, on_worker=False) -> None:
+        if on_worker:
+            _place_worker(cpus)
         _chunk.running = True
         try:
             while True:
@@ -116,9 +182,10 @@ def parallel_for(body, start: int, stop: int, *args, iteration=None) -> None:
             _chunk.running = False
 
     pool, futures = _workers(), []
+    cpus = _keep_workers_off_caller()
     try:
         for _ in range(threads - 1):
-            futures.append(pool.submit(work))
+            futures.append(pool.submit(work, cpus, True))
     except RuntimeError:  # the interpreter is exiting (and finishing a background compile first,
         pass              # halide_ad/tiered.py): this thread takes the chunks no other thread took
     try:

@@ -342,6 +342,63 @@ def test_a_forked_child_runs_parallel_loops(tmp_path):
     assert done.stdout.strip() == "100"
 
 
+def _chunk_cpus(threads: int) -> dict[int, set[int]]:
+    """{native thread id: the CPUs its chunks ran on} for one parallel_for over `threads` chunks
+    of a Python body whose first chunk on each thread waits until every thread has one."""
+    met = threading.Barrier(threads)
+    seen: dict[int, set[int]] = {}
+    first = threading.local()
+
+    def body(lo, hi):
+        if not getattr(first, "done", False):
+            first.done = True
+            met.wait(timeout=30)
+        seen.setdefault(threading.get_native_id(), set()).add(parallel._sched_getcpu())
+
+    parallel_for(body, 0, threads * CHUNKS_PER_THREAD)
+    return seen
+
+
+needs_two_cpus = pytest.mark.skipif(parallel._sched_getcpu is None or len(os.sched_getaffinity(0)) < 2,
+                                    reason="needs sched_getcpu and two CPUs")
+
+
+@needs_two_cpus
+def test_workers_run_off_the_calling_threads_cpu(threads, monkeypatch):
+    """A loop's workers may use every CPU the caller may but the caller's own (where a worker woken
+    after idling otherwise often started, sharing it), and run their chunks there."""
+    if threads < 2:
+        pytest.skip("no workers")
+    monkeypatch.setenv("HALIDE_AD_PIN_WORKERS", "1")
+    seen = _chunk_cpus(threads)
+    caller_cpu, cpus = parallel._placement
+    allowed = os.sched_getaffinity(0)
+    assert cpus == allowed - {caller_cpu}
+    workers = {tid: ran for tid, ran in seen.items() if tid != threading.get_native_id()}
+    assert len(workers) == threads - 1
+    for tid, ran in workers.items():
+        assert os.sched_getaffinity(tid) == cpus
+        assert caller_cpu not in ran
+
+
+@needs_two_cpus
+def test_workers_go_anywhere_again_once_pinning_is_off(monkeypatch):
+    """HALIDE_AD_PIN_WORKERS=0 in a running process gives the workers back every CPU."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        monkeypatch.setenv("HALIDE_AD_PIN_WORKERS", "1")
+        _chunk_cpus(2)
+        assert parallel._placement is not None
+        monkeypatch.setenv("HALIDE_AD_PIN_WORKERS", "0")
+        seen = _chunk_cpus(2)
+    finally:
+        numba.set_num_threads(before)
+    assert parallel._placement is None
+    workers = [tid for tid in seen if tid != threading.get_native_id()]
+    assert workers and all(os.sched_getaffinity(tid) == os.sched_getaffinity(0) for tid in workers)
+
+
 def test_branchless_picks_as_a_conditional_does():
     """codegen writes a select of values already computed as one LLVM select (parallel.branchless)."""
     @numba.njit
