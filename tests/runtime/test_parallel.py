@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import threadpoolctl
 from numba.core.caching import NullCache
-from halide_ad.runtime import parallel
+from halide_ad.runtime import parallel, vmath
 from halide_ad.runtime.parallel import (CHUNKS_PER_THREAD, COARSE, _call_types, _noalias, copy_all, kernel, matmul,
                                        parallel_for)
 
@@ -397,6 +397,46 @@ def test_workers_go_anywhere_again_once_pinning_is_off(monkeypatch):
     assert parallel._placement is None
     workers = [tid for tid in seen if tid != threading.get_native_id()]
     assert workers and all(os.sched_getaffinity(tid) == os.sched_getaffinity(0) for tid in workers)
+
+
+def _gelu(i, out, x):
+    v = x[i]
+    out[i] = np.float32(0.5) * v * (np.float32(1) + vmath.tanh_f32(np.float32(0.7978846) * (v + np.float32(0.044715) * v * v * v)))
+
+
+_gelu_row = kernel(_gelu)  # as a generated kernel's row function, which its loop function calls
+_gelu_row_plain = numba.njit(nogil=True, error_model="numpy")(_gelu)
+
+
+def _gelu_loop(start, stop, out, x):
+    for i in range(start, stop):
+        _gelu_row(i, out, x)
+
+
+def _gelu_loop_plain(start, stop, out, x):
+    for i in range(start, stop):
+        _gelu_row_plain(i, out, x)
+
+
+def test_only_kernels_that_call_math_functions_compile_interleaved():
+    assert parallel._calls_math(_gelu) and parallel._calls_math(_gelu_loop)  # the loop through its row function
+    assert not parallel._calls_math(_count.py_func)
+
+
+def test_an_interleaved_math_loop_gives_the_bits_of_an_uninterleaved_one():
+    """MATH_INTERLEAVE changes how many vectors an iteration takes, not any element's operations:
+    the kernel's results equal numba's plain compile of the same loop, bit for bit, with the
+    specials and lengths that leave remainders of several sizes."""
+    x = np.concatenate([np.random.default_rng(3).standard_normal(1000, dtype=np.float32) * 4,
+                        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -1e-40, 88.0, -88.0, 9.0, 1e30],
+                                 np.float32)])
+    plain, interleaved = numba.njit(nogil=True, error_model="numpy")(_gelu_loop_plain), kernel(_gelu_loop)
+    for n in (len(x), 33, 31, 7, 0):
+        expect, got = np.full(n, 7, np.float32), np.full(n, 7, np.float32)
+        plain(0, n, expect, x)
+        interleaved(0, n, got, x)
+        assert got.tobytes() == expect.tobytes()
+    assert interleaved.inspect_asm(interleaved.signatures[0]).count("vdivps") >= parallel.MATH_INTERLEAVE
 
 
 def test_branchless_picks_as_a_conditional_does():
