@@ -20,7 +20,7 @@ import numba
 import numpy as np
 
 from halide_ad import __version__, config
-from halide_ad.runtime import extents, lanes, vmath
+from halide_ad.runtime import extents, lanes, parallel, vmath
 from halide_ad.runtime.parallel import parallel_for
 
 HEADER = '''\
@@ -53,9 +53,10 @@ _loaded: dict[str, object] = {}
 @functools.cache
 def _version_salt() -> str:
     """What a kernel's machine code depends on besides its text: numba's cache does not notice
-    a change in the functions it inlines from `vmath` and `lanes`."""
+    a change in the functions it inlines from `vmath` and `lanes`, nor in how `parallel.kernel`
+    compiles (its pipeline, its LLVM options)."""
     digest = hashlib.sha256()
-    for module in (vmath, lanes):
+    for module in (vmath, lanes, parallel):
         with open(module.__file__, "rb") as fh:
             digest.update(fh.read())
     inlined = digest.hexdigest()[:12]

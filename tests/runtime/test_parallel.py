@@ -439,6 +439,24 @@ def test_an_interleaved_math_loop_gives_the_bits_of_an_uninterleaved_one():
     assert interleaved.inspect_asm(interleaved.signatures[0]).count("vdivps") >= parallel.MATH_INTERLEAVE
 
 
+def test_kernel_files_change_name_with_how_kernels_compile(tmp_path, monkeypatch):
+    """numba's cache keys a kernel's machine code on its file's text alone; the compile pipeline
+    and LLVM options live in runtime/parallel.py, so its source is in the files' names' salt (an
+    upgrade that changes them must not load machine code compiled the old way)."""
+    from halide_ad.runtime import compile as compiling
+    before = compiling._version_salt()
+    changed = tmp_path / "parallel.py"
+    changed.write_text(pathlib.Path(parallel.__file__).read_text() + "\n# compiled otherwise\n")
+    monkeypatch.setattr(parallel, "__file__", str(changed))
+    compiling._version_salt.cache_clear()
+    try:
+        assert compiling._version_salt() != before
+    finally:
+        monkeypatch.undo()
+        compiling._version_salt.cache_clear()
+    assert compiling._version_salt() == before
+
+
 def test_branchless_picks_as_a_conditional_does():
     """codegen writes a select of values already computed as one LLVM select (parallel.branchless)."""
     @numba.njit
