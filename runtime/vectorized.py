@@ -380,10 +380,18 @@ def _extremum_whole(r: Reduce, inner: Env, dtype: str) -> tuple[Value, Value]:
     return Value(arg if r.op.startswith("arg") else best, outer), Value(arg, outer)
 
 
-def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, Value]:
+def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str, exact: bool = False) -> tuple[Value, Value]:
     """max/min/argmax/argmin one reduction point at a time, in reduction order: a point replaces
-    the best so far where it is the first unmasked one, strictly better, or the first NaN."""
+    the best so far where it is the first unmasked one, strictly better, or the first NaN.
+
+    Without a mask, and until a NaN turns up, a point takes four passes, not fourteen: the best
+    is np.maximum(v, best) (np.minimum), which keeps `best` on ties and -0.0 against 0.0, as the
+    strict test does; the position is the greater of the one so far and `position * (v > best)`,
+    positions growing from 0. A NaN there (a NaN reaches the best) runs the piece again `exact`ly:
+    there the first NaN wins. A 2x2 max pool with its argmax over (16, 64, 128, 128) on the
+    interpreter, pages mapped: a forward 80 ms before, 51-61 after (at 93b9e0f)."""
     high = r.op in ("max", "argmax")
+    quick = not exact and r.where is None and np.dtype(dtype).kind in "fiu"
     best = Value(np.asarray(reference._identity(r.op, dtype), dtype), ())
     position_dtype = np.int16  # (fewer than LOOP_MAX positions: a quarter of int64's traffic)
     arg = Value(np.asarray(-1, position_dtype), ())
@@ -398,6 +406,12 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
         mask = _eval(r.where, at) if r.where is not None else Value(np.ones((), bool), ())
         axes = _union(env, [best, arg, value, mask])
         b, a, v, m = (_expand(x, axes) for x in (best, arg, value, mask))
+        if quick:
+            v = v.astype(dtype, copy=False)
+            taken = (np.greater if high else np.less)(v, b) * position_dtype(position)
+            best = Value((np.maximum if high else np.minimum)(v, b), axes)
+            arg = Value(np.maximum(a, taken), axes)
+            continue
         # not (v <= b) holds where v > b and where either is NaN: a NaN replaces a number, never a NaN
         take = (np.less_equal if high else np.greater_equal)(v, b)
         np.logical_not(np.logical_or(take, np.isnan(b), out=take), out=take)
@@ -405,6 +419,8 @@ def _extremum_loop(r: Reduce, inner: Env, env: Env, dtype: str) -> tuple[Value, 
             take = m & (take | (a < 0))
         best = Value(bitselect.where(take, v, b).astype(dtype, copy=False), axes)
         arg = Value(bitselect.where(take, np.asarray(position, position_dtype), a), axes)
+    if quick and best.array.dtype.kind == "f" and np.isnan(np.sum(best.array)) and np.isnan(best.array).any():
+        return _extremum_loop(r, inner, env, dtype, exact=True)
     return (arg if r.op.startswith("arg") else best), arg
 
 

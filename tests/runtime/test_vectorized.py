@@ -1,6 +1,8 @@
 """The interpreter tier's evaluator (runtime/vectorized.py) against the reference interpreter: the
 same values on fuzzed programs and on the benchmark's kernels, its plans (which variables loop,
 which split into phases, which indices read as views) and its cost model's decisions."""
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -143,6 +145,42 @@ def test_nan_and_ties_in_a_looped_max():
     (fwd, _), (vfwd, _) = _both(pool, (x,))
     for name in fwd:
         np.testing.assert_array_equal(vfwd[name], fwd[name])
+
+
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "argmin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.int64])
+@pytest.mark.parametrize("nan", [False, True], ids=["numbers", "a NaN"])
+def test_a_looped_extremum_takes_the_points_the_strict_rule_takes(op, dtype, nan, monkeypatch):
+    """A window's max, min, argmax and argmin, one tap at a time: np.maximum (np.minimum) and the
+    positions' running maximum until a NaN turns up, the strict comparison's rule after. The
+    same bits as the strict rule at every tap (ties of equal values and of 0.0 against -0.0 in
+    one window, infinities, a NaN), and the reference's values (the sign of a zero maximum is
+    the first zero's there, np.max's)."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(-3, 4, (3, 5, 12)).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        x[0, 0, :4] = 0.0, -0.0, 0.0, -0.0
+        x[0, 1, :4] = -0.0, 0.0, -0.0, 0.0
+        x[1, 2, :4] = -np.inf, np.inf, np.inf, 1.0
+        if nan:
+            x[2, 3, 1] = np.nan
+            x[2, 4, 2:4] = np.nan, 5.0
+    elif nan:
+        pytest.skip("no NaN in integers")
+    reduce = {"max": hd.max, "min": hd.min, "argmax": hd.argmax, "argmin": hd.argmin}[op]
+
+    @hd.func
+    def pool(x):
+        r = hd.rdom(4)
+        return hd.compute((3, 5, 3), lambda n, i, j: reduce(x[n, i, 4 * j + r]))
+
+    (fwd, _), (vfwd, _) = _both(pool, (x,))
+    monkeypatch.setattr(vectorized, "_extremum_loop", functools.partial(vectorized._extremum_loop, exact=True))
+    _, (strict, _) = _both(pool, (x,))
+    for name in fwd:
+        assert vfwd[name].dtype == fwd[name].dtype, name
+        np.testing.assert_array_equal(vfwd[name], fwd[name], err_msg=name)
+        assert vfwd[name].tobytes() == strict[name].tobytes(), name
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.int64, np.bool_])
