@@ -468,7 +468,7 @@ def _while_a_kernel_compiles():
 
 MATH_INTERLEAVE = 4  # vectors of a loop over math functions that LLVM works on at once
 _MATH = frozenset(("cos_f32", "erf_f32", "exp_f32", "log1p_f32", "log_f32", "pow_f32", "sigmoid_f32", "sin_f32",
-                   "tanh_f32"))  # runtime/vmath.py's float32 functions
+                   "tanh_f32"))  # runtime/vmath.py's float32 functions (vmath imports this module)
 
 
 def _calls_math(fn, depth: int = 3) -> bool:

@@ -421,6 +421,8 @@ def _gelu_loop_plain(start, stop, out, x):
 def test_only_kernels_that_call_math_functions_compile_interleaved():
     assert parallel._calls_math(_gelu) and parallel._calls_math(_gelu_loop)  # the loop through its row function
     assert not parallel._calls_math(_count.py_func)
+    # (parallel.py cannot import vmath, which imports it: its list of the functions is checked here)
+    assert parallel._MATH == {name for name in dir(vmath) if name.endswith("_f32")}
 
 
 def test_an_interleaved_math_loop_gives_the_bits_of_an_uninterleaved_one():
