@@ -4,6 +4,7 @@ import itertools
 import operator
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 import threading
@@ -438,7 +439,8 @@ def test_an_interleaved_math_loop_gives_the_bits_of_an_uninterleaved_one():
         plain(0, n, expect, x)
         interleaved(0, n, got, x)
         assert got.tobytes() == expect.tobytes()
-    assert interleaved.inspect_asm(interleaved.signatures[0]).count("vdivps") >= parallel.MATH_INTERLEAVE
+    if platform.machine() in ("x86_64", "AMD64"):  # a division per vector: (v)divps, one per interleaved vector
+        assert interleaved.inspect_asm(interleaved.signatures[0]).count("divps") >= parallel.MATH_INTERLEAVE
 
 
 def test_kernel_files_change_name_with_how_kernels_compile(tmp_path, monkeypatch):
